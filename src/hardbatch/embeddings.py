@@ -1,0 +1,135 @@
+"""Where samplers read item embeddings from: arrays, an :class:`EmbeddingBank`, or a callable."""
+
+from __future__ import annotations
+
+from typing import Callable, Union
+
+import numpy as np
+import torch
+
+from ._validation import as_embeddings, check_int
+
+__all__ = ["EmbeddingBank", "EmbeddingSource", "read_embeddings", "source_num_items"]
+
+
+class EmbeddingBank:
+    """Item embeddings collected from the training forward pass, with staleness tracking.
+
+    The training loop already computes embeddings for the items of each batch;
+    ``bank.update(indices, batch_embeddings)`` stores them (detached) so a
+    sampler can rebuild its graph without an extra encoding pass. Items never
+    updated keep their initial value: random unit vectors by default
+    (``init="random"``), for which graph samplers behave like uniform sampling,
+    or zeros.
+
+    Args:
+        num_items: N.
+        dim: d, embedding width.
+        init: ``"random"`` (seeded Gaussian, unit norm) or ``"zeros"``.
+        seed: seed of the random init.
+        dtype, device: storage of the [N, d] table (float32 on CPU by default).
+    """
+
+    def __init__(self, num_items: int, dim: int, *, init: str = "random", seed: int = 0,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+        self.num_items = check_int(num_items, "num_items", low=1)
+        self.dim = check_int(dim, "dim", low=1)
+        if init == "random":
+            gen = torch.Generator().manual_seed(int(seed))
+            table = torch.randn(self.num_items, self.dim, generator=gen)
+            table = torch.nn.functional.normalize(table, dim=1)
+        elif init == "zeros":
+            table = torch.zeros(self.num_items, self.dim)
+        else:
+            raise ValueError(f"init={init!r} must be 'random' or 'zeros'")
+        self.embeddings = table.to(dtype=dtype, device=device)
+        self.last_update = torch.full((self.num_items,), -1, dtype=torch.int64)
+        self.step = 0
+
+    def __len__(self) -> int:
+        return self.num_items
+
+    @torch.no_grad()
+    def update(self, indices, batch_embeddings: torch.Tensor) -> None:
+        """Store ``batch_embeddings`` [b, d] for items ``indices`` [b]; counts one step."""
+        idx = torch.as_tensor(indices, dtype=torch.int64).reshape(-1).cpu()
+        if not isinstance(batch_embeddings, torch.Tensor):
+            batch_embeddings = torch.as_tensor(np.asarray(batch_embeddings))
+        if batch_embeddings.ndim != 2 or batch_embeddings.shape[1] != self.dim:
+            raise ValueError(f"batch_embeddings must have shape [b, {self.dim}], got "
+                             f"{tuple(batch_embeddings.shape)}")
+        if batch_embeddings.shape[0] != idx.numel():
+            raise ValueError(f"indices has {idx.numel()} entries but batch_embeddings has "
+                             f"{batch_embeddings.shape[0]} rows; pass one index per row")
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.num_items):
+            raise ValueError(f"indices must lie in [0, {self.num_items}); got values in "
+                             f"[{int(idx.min())}, {int(idx.max())}]")
+        values = batch_embeddings.detach()
+        if not torch.isfinite(values).all():
+            raise ValueError("batch_embeddings contains NaN or inf; the bank keeps only finite "
+                             "embeddings (check the encoder output)")
+        self.embeddings[idx.to(self.embeddings.device)] = values.to(self.embeddings.dtype).to(
+            self.embeddings.device)
+        self.last_update[idx] = self.step
+        self.step += 1
+
+    def staleness(self) -> torch.Tensor:
+        """Steps since each item was last updated, int64 [N]; -1 for items never updated."""
+        age = self.step - self.last_update
+        age[self.last_update < 0] = -1
+        return age
+
+    @property
+    def filled(self) -> float:
+        """Share of items updated at least once."""
+        return float((self.last_update >= 0).float().mean())
+
+    def snapshot(self) -> torch.Tensor:
+        """A copy of the current [N, d] table."""
+        return self.embeddings.detach().clone()
+
+    def state_dict(self) -> dict:
+        return {"embeddings": self.embeddings.cpu().clone(), "last_update": self.last_update.clone(),
+                "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        emb = state["embeddings"]
+        if tuple(emb.shape) != (self.num_items, self.dim):
+            raise ValueError(f"state holds a bank of shape {tuple(emb.shape)}, this bank is "
+                             f"{(self.num_items, self.dim)}")
+        self.embeddings.copy_(emb)
+        self.last_update.copy_(state["last_update"])
+        self.step = int(state["step"])
+
+
+EmbeddingSource = Union[torch.Tensor, np.ndarray, EmbeddingBank, Callable[[], object]]
+
+
+def _raw(source: EmbeddingSource):
+    if isinstance(source, EmbeddingBank):
+        return source.embeddings
+    if isinstance(source, (torch.Tensor, np.ndarray)):
+        return source
+    if callable(source):
+        return source()
+    return source
+
+
+def read_embeddings(source: EmbeddingSource, name: str = "embeddings",
+                    normalize: bool = False) -> np.ndarray:
+    """Current embeddings of a source as a validated float32 [N, d] array."""
+    return as_embeddings(_raw(source), name, normalize=normalize)
+
+
+def source_num_items(source: EmbeddingSource, name: str = "embeddings"):
+    """(N, first read or None): N without encoding where possible; a callable is called once."""
+    if isinstance(source, EmbeddingBank):
+        return source.num_items, None
+    if isinstance(source, (torch.Tensor, np.ndarray)):
+        x = as_embeddings(source, name)
+        return x.shape[0], None
+    if callable(source):
+        x = as_embeddings(source(), name)
+        return x.shape[0], x
+    x = as_embeddings(source, name)
+    return x.shape[0], None

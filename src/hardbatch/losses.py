@@ -1,0 +1,812 @@
+"""Contrastive losses: InfoNCE (SimCLR / SimCSE forms), debiased (DCL), hard-negative (HCL), SSCL.
+
+Every loss takes two views ``anchor`` and ``positive`` of shape ``[B, d]`` (row ``i`` of each is a
+positive pair) and compares each anchor with its positive against a set of negatives:
+
+* ``form="simclr"`` (NT-Xent, BatchSampler paper eq. 16): the ``2B`` views are all anchors; each one
+  has ``2B - 2`` negatives (every other view except itself and its positive). Per-row losses are
+  ``[2B]``: rows ``0..B-1`` use ``anchor[i]`` as the anchor, rows ``B..2B-1`` use ``positive[i]``.
+* ``form="simcse"`` (SimCSE / GraphCL / MultipleNegativesRankingLoss, eq. 17): each anchor is
+  contrasted with all ``B`` positives, so it has ``B - 1`` negatives. Per-row losses are ``[B]``.
+
+Optional ``labels`` ``[B]`` mask known false negatives (no item with the anchor's label is ever a
+negative; the positive pair stays the positive), optional ``negatives`` ``[m, d]`` (a memory bank as
+in MoCo, or explicit hard negatives) are appended to every anchor's negatives.
+
+Writing ``pos = exp(s_i+ / t)`` and ``neg_ij = exp(s_ij / t)`` (cosine similarities ``s`` when
+``normalize=True``) and ``N`` for the number of negatives of row ``i``:
+
+* InfoNCE: ``-log(pos / (pos + sum_j neg_ij))``.
+* DCL (Chuang et al. 2020; BatchSampler eq. 18 with ``lambda = 1``):
+  ``Ng = max((sum_j neg_ij - tau_plus * N * pos) / (1 - tau_plus), N * e^(-1/t))`` and
+  ``-log(pos / (pos + Ng))``.
+* HCL (Robinson et al. 2021; eq. 18 with ``lambda_ij = w_ij``): as DCL with ``sum_j neg_ij``
+  replaced by ``sum_j w_ij neg_ij``, ``w_ij = exp(beta s_ij / t) / mean_j exp(beta s_ij / t)``.
+* SSCL (Dong et al., "Synthetic Hard Negative Samples for Contrastive Learning", eq. 2-4): HCL over
+  the negatives plus ``k`` synthetic ones mixed from the ``s`` hardest negatives.
+
+Everything is evaluated in log space: ``log sum exp`` with per-row max shifts, the debiasing
+subtraction as ``log S + log(1 - tau_plus N pos / S)`` and the clamp as a maximum of logs, so fp16 /
+bf16 inputs at ``t = 0.05`` (where ``exp(1 / t)`` overflows fp16) stay finite. Half-precision inputs
+are computed in float32 and the loss is returned in float32.
+
+The ``torch.nn.Module`` classes take the two views positionally, ``loss(out0, out1)``, like the
+lightly losses (``NTXentLoss``), and class ``labels`` as a keyword, like pytorch-metric-learning.
+
+Rows left without any negative (every other item shares the anchor's label and there is no memory
+bank) have loss ``-log(pos / pos) = 0`` and zero gradient; ``reduction="mean"`` still counts them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+__all__ = [
+    "DebiasedInfoNCE",
+    "HardNegativeInfoNCE",
+    "InfoNCE",
+    "SSCLLoss",
+    "debiased_info_nce",
+    "hard_negative_info_nce",
+    "info_nce",
+    "sscl_loss",
+]
+
+Form = Literal["simclr", "simcse"]
+Reduction = Literal["mean", "sum", "none"]
+
+_FORMS = ("simclr", "simcse")
+_REDUCTIONS = ("mean", "sum", "none")
+_LOG_HALF = -math.log(2.0)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_temperature(temperature: float) -> None:
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature <= 0:
+        raise ValueError(
+            f"temperature must be a finite number > 0 (e.g. 0.5 for SimCLR, 0.05 for SimCSE), "
+            f"got {temperature!r}"
+        )
+
+
+def _check_tau_plus(tau_plus: float) -> None:
+    if not isinstance(tau_plus, (int, float)) or not 0.0 <= tau_plus < 1.0:
+        raise ValueError(
+            f"tau_plus (class prior of false negatives) must be in [0, 1), e.g. 0.1; got {tau_plus!r}"
+        )
+
+
+def _check_beta(beta: float) -> None:
+    if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
+        raise ValueError(
+            f"beta (hardness concentration) must be a finite number >= 0 (0 disables the "
+            f"reweighting), got {beta!r}"
+        )
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; use one of {', '.join(map(repr, choices))}")
+
+
+def _check_sscl(hardest: int, synthetic: int) -> None:
+    for name, value in (("hardest", hardest), ("synthetic", synthetic)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if synthetic > 0 and hardest == 0:
+        raise ValueError(
+            "hardest must be >= 1 when synthetic > 0 (synthetic negatives are mixed from the "
+            "hardest ones); set synthetic=0 to disable them"
+        )
+
+
+def _check_finite(name: str, x: Tensor) -> None:
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(
+            f"{name} contains NaN or inf values; check the encoder output (or pass "
+            f"check_finite=False to skip this test)"
+        )
+
+
+def _check_embeddings(
+    anchor: Tensor, positive: Tensor, labels: Tensor | None, negatives: Tensor | None, check_finite: bool
+) -> None:
+    for name, x in (("anchor", anchor), ("positive", positive)):
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a 2-D tensor [B, d], got {shape}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating point tensor, got dtype {x.dtype}")
+    if anchor.shape != positive.shape:
+        raise ValueError(
+            f"anchor and positive must have the same shape [B, d] (row i of each is a positive "
+            f"pair), got {tuple(anchor.shape)} and {tuple(positive.shape)}"
+        )
+    if anchor.shape[0] < 2:
+        raise ValueError(
+            f"need a batch of at least 2 pairs (B >= 2) for in-batch negatives, got B={anchor.shape[0]}"
+        )
+    if labels is not None:
+        if not isinstance(labels, Tensor) or labels.shape != (anchor.shape[0],):
+            shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+            raise ValueError(f"labels must be a 1-D tensor [B] = [{anchor.shape[0]}], got {shape}")
+    if negatives is not None:
+        if not isinstance(negatives, Tensor) or negatives.dim() != 2 or negatives.shape[1] != anchor.shape[1]:
+            shape = tuple(negatives.shape) if isinstance(negatives, Tensor) else type(negatives).__name__
+            raise ValueError(f"negatives must be a 2-D tensor [m, d] with d={anchor.shape[1]}, got {shape}")
+        if not negatives.is_floating_point():
+            raise ValueError(f"negatives must be a floating point tensor, got dtype {negatives.dtype}")
+    if check_finite:
+        _check_finite("anchor", anchor)
+        _check_finite("positive", positive)
+        if negatives is not None:
+            _check_finite("negatives", negatives)
+
+
+# --------------------------------------------------------------------------- shared core
+
+
+@dataclass
+class _Logits:
+    """Similarity logits of one batch, shared by every loss.
+
+    ``logits[r, c] = <query_r, key_c> / t`` for the R anchor rows and C candidate columns, with
+    ``-inf`` wherever column ``c`` is not a negative of row ``r`` (itself, its positive, same label).
+    """
+
+    logits: Tensor  # [R, C]
+    log_pos: Tensor  # [R], s_i+ / t
+    num_neg: Tensor | int  # [R] (labels given) or one int for every row
+    has_neg: Tensor | None  # [R] bool, None when every row has a negative
+    keys: Tensor  # [C, d]
+    masked: bool  # some rows have fewer than the maximal number of negatives
+
+
+class _Exclude(torch.autograd.Function):
+    """``logits[r, c] = -inf`` at ``index = (rows, cols)`` (in place) or where ``mask`` is True.
+
+    The backward is the identity: every consumer of the logits (logsumexp, the HCL weights, the
+    gather of valid negatives) gives an excluded entry an exactly zero gradient (``exp(-inf) = 0``),
+    so the true Jacobian, which zeroes those entries, would change nothing but cost an [R, C] pass.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, index: tuple[Tensor, Tensor] | None, mask: Tensor | None) -> Tensor:
+        if mask is not None:
+            return torch.where(mask, logits.new_tensor(-math.inf), logits)
+        ctx.mark_dirty(logits)
+        return logits.index_put_(index, logits.new_tensor(-math.inf))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        return grad, None, None
+
+
+class _WeightedLogSumExp(torch.autograd.Function):
+    """Row-wise ``LSE((1 + beta) l) - LSE(beta l')`` over ``[R, *]`` blocks (HCL, eq. 18).
+
+    ``l' = l`` (gradient through the weights) or ``l' = l.detach()`` (``detach_weights``). With a
+    shared row max ``M``: ``e_b = exp(beta (l - M))``, ``e_1 = e_b exp(l - M)`` and the result is
+    ``M + log sum e_1 - log sum e_b``; the gradient is ``(1 + beta) e_1 / sum e_1 - beta e_b / sum
+    e_b`` (or ``e_1 / sum e_1`` with detached weights): a fused version of two logsumexps that
+    shares the exponentials between forward and backward.
+    """
+
+    @staticmethod
+    def forward(ctx, beta: float, detach: bool, *blocks: Tensor) -> Tensor:
+        row_max = blocks[0].amax(dim=1)
+        for blk in blocks[1:]:
+            row_max = torch.maximum(row_max, blk.amax(dim=1))
+        e1s, ebs = [], []
+        sum1 = sumb = 0
+        for blk in blocks:
+            shifted = blk - row_max[:, None]
+            eb = torch.exp(shifted * beta)
+            e1 = shifted.exp_().mul_(eb)
+            sum1 = sum1 + e1.sum(dim=1)
+            sumb = sumb + eb.sum(dim=1)
+            e1s.append(e1)
+            ebs.append(eb)
+        ctx.beta, ctx.detach = beta, detach
+        ctx.save_for_backward(sum1, sumb, *e1s, *([] if detach else ebs))
+        return row_max + torch.log(sum1) - torch.log(sumb)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple:
+        sum1, sumb, *saved = ctx.saved_tensors
+        n = len(saved) if ctx.detach else len(saved) // 2
+        if ctx.detach:
+            c1 = (grad / sum1)[:, None]
+            grads = [e1 * c1 for e1 in saved]
+        else:
+            c1 = (grad * (1.0 + ctx.beta) / sum1)[:, None]
+            cb = (grad * -ctx.beta / sumb)[:, None]
+            grads = [torch.addcmul(e1 * c1, eb, cb) for e1, eb in zip(saved[:n], saved[n:])]
+        return (None, None, *grads)
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def _build_logits(
+    anchor: Tensor,
+    positive: Tensor,
+    *,
+    temperature: float,
+    form: str,
+    labels: Tensor | None,
+    negatives: Tensor | None,
+    normalize: bool,
+    check_finite: bool,
+) -> _Logits:
+    _check_temperature(temperature)
+    _check_choice("form", form, _FORMS)
+    _check_embeddings(anchor, positive, labels, negatives, check_finite)
+
+    dtype = _compute_dtype(anchor)
+    za, zp = anchor.to(dtype), positive.to(dtype)
+    bank = None if negatives is None or negatives.shape[0] == 0 else negatives.to(dtype)
+    if normalize:
+        za, zp = F.normalize(za, dim=1), F.normalize(zp, dim=1)
+        bank = None if bank is None else F.normalize(bank, dim=1)
+    b = za.shape[0]
+    m = 0 if bank is None else bank.shape[0]
+
+    log_pos = (za * zp).sum(dim=1) / temperature
+    if form == "simclr":
+        batch_keys = torch.cat([za, zp])
+        log_pos = torch.cat([log_pos, log_pos])
+    else:
+        batch_keys = zp
+    keys = batch_keys if bank is None else torch.cat([batch_keys, bank])
+    # Scaling the [R, d] queries is cheaper than scaling the [R, C] logits.
+    queries = (torch.cat([za, zp]) if form == "simclr" else za) / temperature
+    logits = queries @ keys.T
+    rows, cb = queries.shape[0], batch_keys.shape[0]
+
+    if labels is None:
+        num_neg = cb - (2 if form == "simclr" else 1) + m
+        idx = torch.arange(rows, device=logits.device)
+        if form == "simclr":
+            pos_col = torch.cat([idx[b:], idx[:b]])
+            excluded = (torch.cat([idx, idx]), torch.cat([idx, pos_col]))
+        else:
+            excluded = (idx, idx)
+        logits = _Exclude.apply(logits, excluded, None)
+        return _Logits(logits, log_pos, num_neg, None, keys, masked=False)
+
+    labels = labels.to(logits.device)
+    row_labels = torch.cat([labels, labels]) if form == "simclr" else labels
+    # Same-label columns include the row itself and its positive, so no index fill is needed.
+    same = row_labels[:, None] == row_labels[None, :cb]
+    _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
+    same_count = counts[inverse] * (2 if form == "simclr" else 1)
+    num_neg = cb - same_count + m
+    if form == "simclr":
+        num_neg = torch.cat([num_neg, num_neg])
+    has_neg = num_neg > 0
+    if bool(has_neg.all()):
+        has_neg = None
+    else:
+        # Leave rows without negatives unmasked (finite) so nothing below sees an all -inf row;
+        # their loss is set to 0 at the end.
+        same = same & has_neg[:, None]
+    if m:
+        same = torch.cat([same, same.new_zeros(rows, m)], dim=1)
+    logits = _Exclude.apply(logits, None, same)
+    return _Logits(logits, log_pos, num_neg, has_neg, keys, masked=True)
+
+
+def _logsumexp_blocks(blocks: list[Tensor]) -> Tensor:
+    """Row-wise log-sum-exp over the concatenation of ``[R, *]`` blocks, without concatenating."""
+    out = torch.logsumexp(blocks[0], dim=1)
+    for block in blocks[1:]:
+        out = torch.logaddexp(out, torch.logsumexp(block, dim=1))
+    return out
+
+
+def _log_negative_sum(blocks: list[Tensor], log_n: Tensor | float, beta: float, detach_weights: bool) -> Tensor:
+    """``log sum_j w_j exp(l_j)`` over the negatives in ``blocks`` (``-inf`` = not a negative).
+
+    ``beta == 0``: plain sum (``w_j = 1``). Otherwise the HCL weights ``w_j = N softmax_j(beta l)``,
+    so ``log sum_j w_j exp(l_j) = log N + LSE((1 + beta) l) - LSE(beta l)``.
+    """
+    if beta == 0:
+        return _logsumexp_blocks(blocks)
+    return log_n + _WeightedLogSumExp.apply(float(beta), detach_weights, *blocks)
+
+
+def _log1mexp(x: Tensor) -> Tensor:
+    """``log(1 - exp(x))`` for ``x < 0``, accurate on both sides of ``-log 2`` (Maechler 2012)."""
+    return torch.where(x > _LOG_HALF, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def _debias(
+    log_s: Tensor, log_pos: Tensor, log_n: Tensor | float, tau_plus: float, temperature: float
+) -> Tensor:
+    """``log Ng`` of BatchSampler eq. 18 from ``log S`` (the (re)weighted negative sum).
+
+    ``Ng = max((S - tau_plus N pos) / (1 - tau_plus), N e^(-1/t))``, evaluated as
+    ``max(log S + log(1 - tau_plus N pos / S) - log(1 - tau_plus), log N - 1/t)``; when
+    ``tau_plus N pos >= S`` the first term is ``-inf`` and the clamp is taken.
+    """
+    if tau_plus > 0:
+        log_ratio = (math.log(tau_plus) + log_pos + log_n) - log_s
+        below = log_ratio < 0
+        # Feed a harmless value to the branch that is discarded, so its gradient is not NaN.
+        safe = torch.where(below, log_ratio, torch.full_like(log_ratio, -1.0))
+        log_s = torch.where(below, log_s + _log1mexp(safe), torch.full_like(log_s, -math.inf))
+        log_s = log_s - math.log1p(-tau_plus)
+    floor = log_n - 1.0 / temperature
+    if isinstance(floor, Tensor):
+        return torch.maximum(log_s, floor)
+    return torch.clamp(log_s, min=floor)
+
+
+def _finish(core: _Logits, log_ng: Tensor, reduction: str) -> Tensor:
+    """Per-row ``-log(pos / (pos + Ng)) = softplus(log Ng - log pos)``, then the reduction."""
+    loss = F.softplus(log_ng - core.log_pos, beta=1.0, threshold=40.0)
+    if core.has_neg is not None:
+        loss = torch.where(core.has_neg, loss, torch.zeros_like(loss))
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    return loss
+
+
+def _log_num_neg(core: _Logits, extra: Tensor | int = 0) -> Tensor | float:
+    n = core.num_neg + extra
+    if isinstance(n, Tensor):
+        # Rows without negatives get log 1 = 0 so no -inf enters the arithmetic; they are zeroed later.
+        return torch.log(n.clamp(min=1).to(core.logits.dtype))
+    return math.log(n) if n > 0 else 0.0
+
+
+def _hardest_columns(logits: Tensor, s: int, ordered: bool) -> Tensor:
+    """Column indices ``[R, s]`` of the ``s`` largest entries of each row (descending if ``ordered``).
+
+    ``torch.topk`` on CPU is slow for ``k ~ 32`` (a heap per row), so on CPU the rows are first cut
+    to the ``s`` column groups with the largest maxima (they hold every top-``s`` entry: at most
+    ``s`` groups can contain an entry >= the ``s``-th largest) and numpy's introselect finishes.
+    """
+    x = logits.detach()
+    rows, cols = x.shape
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
+        return torch.topk(x, s, dim=1, sorted=ordered).indices
+    g = int(math.sqrt(cols / s))
+    if g < 2:
+        cand = None
+        top = np.argpartition(x.numpy(), cols - s, axis=1)[:, cols - s:]
+    else:
+        n_groups = cols // g
+        # Strided groups (column t * n_groups + j is in group j) make the max a vectorised reduction.
+        group_max = x[:, : n_groups * g].unflatten(1, (g, n_groups)).amax(dim=1)
+        top_groups = np.argpartition(group_max.numpy(), n_groups - s, axis=1)[:, n_groups - s:]
+        offsets = torch.arange(g) * n_groups
+        cand = (torch.from_numpy(top_groups)[:, :, None] + offsets).flatten(1)
+        if n_groups * g < cols:
+            tail = torch.arange(n_groups * g, cols).expand(rows, -1)
+            cand = torch.cat([cand, tail], dim=1)
+        n = cand.shape[1]
+        top = np.argpartition(x.gather(1, cand).numpy(), n - s, axis=1)[:, n - s:]
+    top = torch.from_numpy(np.ascontiguousarray(top))
+    top = top if cand is None else cand.gather(1, top)
+    if ordered:
+        order = x.gather(1, top).argsort(dim=1, descending=True)
+        top = top.gather(1, order)
+    return top
+
+
+class _KeyPairDot(torch.autograd.Function):
+    """``<keys[i], keys[j]>`` for index tensors ``i, j`` of shape ``[R, k]``.
+
+    The backward uses two ``index_add_`` instead of the generic gather backward, which is several
+    times slower on CPU.
+    """
+
+    @staticmethod
+    def forward(ctx, keys: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        ki, kj = keys.index_select(0, i.flatten()), keys.index_select(0, j.flatten())
+        ctx.save_for_backward(ki, kj, i, j)
+        ctx.num_keys = keys.shape[0]
+        return (ki * kj).sum(dim=1).view_as(i)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        ki, kj, i, j = ctx.saved_tensors
+        g = grad.reshape(-1, 1)
+        out = ki.new_zeros(ctx.num_keys, ki.shape[1])
+        out.index_add_(0, i.flatten(), kj * g)
+        out.index_add_(0, j.flatten(), ki * g)
+        return out, None, None
+
+
+def _synthetic_logits(
+    core: _Logits, hardest: int, synthetic: int, mix: bool, normalize: bool, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor | int]:
+    """SSCL eq. 2: ``k = synthetic`` negatives per row, mixed from its ``s = hardest`` hardest ones.
+
+    Returns their logits ``[R, k]`` (``-inf`` for rows without negatives) and how many were added
+    per row. For ``h = a z_i + (1 - a) z_j`` the logit is ``<q, h> / |h|`` with
+    ``<q, h> = a l_i + (1 - a) l_j`` read off the logits, and for unit keys
+    ``|h|^2 = a^2 + (1 - a)^2 + 2 a (1 - a) <z_i, z_j>``, so no ``[R, k, d]`` tensor is built.
+    ``normalize=False`` keeps ``h`` unnormalised (logit ``a l_i + (1 - a) l_j``).
+    """
+    logits = core.logits
+    rows = logits.shape[0]
+    max_neg = int(core.num_neg.max()) if isinstance(core.num_neg, Tensor) else core.num_neg
+    s = min(hardest, max_neg)
+    if s == 0:
+        return logits.new_empty(rows, 0), 0
+    # With labels some rows have fewer than s negatives: order so that the valid ones come first.
+    hard = _hardest_columns(logits, s, ordered=core.masked).to(logits.device)
+    draws = torch.rand(rows, synthetic, 3, generator=generator, device=logits.device, dtype=logits.dtype)
+    if isinstance(core.num_neg, Tensor):
+        count = core.num_neg.clamp(max=s)[:, None, None]  # valid hard negatives of each row
+        pick = torch.minimum((draws[..., :2] * count).long(), (count - 1).clamp(min=0))
+    else:
+        count = None
+        pick = (draws[..., :2] * s).long().clamp(max=s - 1)
+    first = hard.gather(1, pick[..., 0])
+    if mix:
+        second = hard.gather(1, pick[..., 1])
+        alpha = draws[..., 2]
+        picked = logits.gather(1, torch.cat([first, second], dim=1))
+        syn = torch.lerp(picked[:, synthetic:], picked[:, :synthetic], alpha)
+        if normalize:
+            cos = _KeyPairDot.apply(core.keys, first, second)
+            mixed = alpha * (1.0 - alpha)
+            sq_norm = (1.0 - 2.0 * mixed) + 2.0 * mixed * cos  # a^2 + (1 - a)^2 = 1 - 2a(1 - a)
+            syn = syn / sq_norm.clamp(min=1e-24).sqrt()  # F.normalize's eps = 1e-12 on |h|
+    else:
+        syn = logits.gather(1, first)
+    if count is None:
+        return syn, synthetic
+    valid = count[:, 0] > 0  # [R, 1]
+    syn = torch.where(valid, syn, syn.new_tensor(-math.inf))
+    return syn, valid[:, 0].long() * synthetic
+
+
+# --------------------------------------------------------------------------- functional API
+
+
+def info_nce(
+    anchor: Tensor,
+    positive: Tensor,
+    *,
+    temperature: float = 0.5,
+    form: Form = "simclr",
+    labels: Tensor | None = None,
+    negatives: Tensor | None = None,
+    normalize: bool = True,
+    reduction: Reduction = "mean",
+    check_finite: bool = True,
+) -> Tensor:
+    """InfoNCE / NT-Xent: ``-log(pos / (pos + sum_j neg_ij))`` (BatchSampler eq. 16 and 17).
+
+    Args:
+        anchor, positive: ``[B, d]`` embeddings of the two views; row ``i`` is a positive pair.
+        temperature: ``t > 0``; logits are ``cos / t``.
+        form: ``"simclr"`` (``2B`` anchors, ``2B - 2`` negatives each, eq. 16) or ``"simcse"``
+            (``B`` anchors against the ``B`` positives, ``B - 1`` negatives each, eq. 17).
+        labels: optional ``[B]`` class labels; items sharing the anchor's label are not negatives.
+        negatives: optional ``[m, d]`` extra negatives appended for every anchor (memory bank).
+        normalize: L2-normalise the embeddings first (cosine similarity).
+        reduction: ``"mean"``, ``"sum"`` or ``"none"`` (per-row ``[2B]`` simclr / ``[B]`` simcse).
+        check_finite: raise ``ValueError`` on NaN / inf inputs (one device sync on GPU).
+
+    Returns:
+        The loss, a scalar or ``[R]`` for ``reduction="none"``.
+    """
+    _check_choice("reduction", reduction, _REDUCTIONS)
+    core = _build_logits(
+        anchor, positive, temperature=temperature, form=form, labels=labels,
+        negatives=negatives, normalize=normalize, check_finite=check_finite,
+    )
+    return _finish(core, torch.logsumexp(core.logits, dim=1), reduction)
+
+
+def debiased_info_nce(
+    anchor: Tensor,
+    positive: Tensor,
+    *,
+    temperature: float = 0.5,
+    tau_plus: float = 0.1,
+    form: Form = "simclr",
+    labels: Tensor | None = None,
+    negatives: Tensor | None = None,
+    normalize: bool = True,
+    reduction: Reduction = "mean",
+    check_finite: bool = True,
+) -> Tensor:
+    """Debiased contrastive loss (DCL, Chuang et al. 2020; BatchSampler eq. 18 with ``lambda = 1``).
+
+    ``Ng = max((sum_j neg_ij - tau_plus N pos) / (1 - tau_plus), N e^(-1/t))`` and the loss is
+    ``-log(pos / (pos + Ng))``, with ``N`` the number of negatives of the row (it varies per row
+    when ``labels`` mask some). ``tau_plus = 0`` gives InfoNCE (for normalised inputs the clamp is
+    then never active). Other arguments and shapes as in :func:`info_nce`.
+    """
+    _check_tau_plus(tau_plus)
+    return hard_negative_info_nce(
+        anchor, positive, temperature=temperature, tau_plus=tau_plus, beta=0.0, form=form,
+        labels=labels, negatives=negatives, normalize=normalize, reduction=reduction,
+        check_finite=check_finite,
+    )
+
+
+def hard_negative_info_nce(
+    anchor: Tensor,
+    positive: Tensor,
+    *,
+    temperature: float = 0.5,
+    tau_plus: float = 0.1,
+    beta: float = 1.0,
+    detach_weights: bool = False,
+    form: Form = "simclr",
+    labels: Tensor | None = None,
+    negatives: Tensor | None = None,
+    normalize: bool = True,
+    reduction: Reduction = "mean",
+    check_finite: bool = True,
+) -> Tensor:
+    """Hard-negative contrastive loss (HCL, Robinson et al. 2021; BatchSampler eq. 18).
+
+    Importance weights ``w_ij = exp(beta s_ij / t) / mean_j exp(beta s_ij / t)`` (mean over the
+    row's negatives) reweight the negatives, ``S = sum_j w_ij neg_ij``, which is then debiased and
+    clamped as in :func:`debiased_info_nce`. As in the authors' code, gradients flow through the
+    weights; ``detach_weights=True`` treats them as constants (same value, different gradient).
+    ``beta = 0`` gives DCL. Other arguments and shapes as in :func:`info_nce`.
+    """
+    _check_choice("reduction", reduction, _REDUCTIONS)
+    _check_tau_plus(tau_plus)
+    _check_beta(beta)
+    core = _build_logits(
+        anchor, positive, temperature=temperature, form=form, labels=labels,
+        negatives=negatives, normalize=normalize, check_finite=check_finite,
+    )
+    log_n = _log_num_neg(core)
+    log_s = _log_negative_sum([core.logits], log_n, beta, detach_weights)
+    return _finish(core, _debias(log_s, core.log_pos, log_n, tau_plus, temperature), reduction)
+
+
+def sscl_loss(
+    anchor: Tensor,
+    positive: Tensor,
+    *,
+    temperature: float = 0.5,
+    tau_plus: float = 0.1,
+    beta: float = 1.0,
+    hardest: int = 32,
+    synthetic: int = 8,
+    mix: bool = True,
+    detach_weights: bool = False,
+    generator: torch.Generator | None = None,
+    form: Form = "simclr",
+    labels: Tensor | None = None,
+    negatives: Tensor | None = None,
+    normalize: bool = True,
+    reduction: Reduction = "mean",
+    check_finite: bool = True,
+) -> Tensor:
+    """SSCL: synthetic hard negatives, reweighted and debiased (Dong et al., eq. 2-4).
+
+    For each anchor row the ``s = hardest`` most similar negatives are taken (``s`` is clamped to
+    the number of negatives available to the row); ``k = synthetic`` new negatives
+    ``h = a z_i + (1 - a) z_j`` (eq. 2) are mixed from random pairs of them (``a ~ U(0, 1)``),
+    re-normalised when ``normalize=True``, and added to the row's negatives, so ``N`` becomes
+    ``N + k``. The extended set is then reweighted and debiased as in HCL
+    (:func:`hard_negative_info_nce`).
+
+    Differences from the paper's text, following the released code:
+
+    * eq. 3 writes the weights unnormalised (``beta * exp(s / t)``); the released code applies
+      the HCL estimator (weights ``exp(beta s / t)`` divided by their mean over the negatives),
+      which keeps the loss on the HCL scale. This is what is computed here.
+    * the released code has the mixing line disabled, so its "synthetic" negatives are copies of
+      randomly resampled hard negatives; ``mix=False`` reproduces that, ``mix=True`` (default)
+      is eq. 2.
+
+    ``generator`` (on the inputs' device) makes the random pairs and ``a`` reproducible. Gradients
+    flow through the synthetic negatives into the embeddings they are mixed from.
+    ``synthetic = 0`` gives HCL. Other arguments and shapes as in :func:`info_nce`.
+    """
+    _check_choice("reduction", reduction, _REDUCTIONS)
+    _check_tau_plus(tau_plus)
+    _check_beta(beta)
+    _check_sscl(hardest, synthetic)
+    core = _build_logits(
+        anchor, positive, temperature=temperature, form=form, labels=labels,
+        negatives=negatives, normalize=normalize, check_finite=check_finite,
+    )
+    blocks, added = [core.logits], 0
+    if synthetic > 0:
+        syn, added = _synthetic_logits(core, hardest, synthetic, mix, normalize, generator)
+        if syn.shape[1]:
+            blocks.append(syn)
+    log_n = _log_num_neg(core, added)
+    log_s = _log_negative_sum(blocks, log_n, beta, detach_weights)
+    return _finish(core, _debias(log_s, core.log_pos, log_n, tau_plus, temperature), reduction)
+
+
+# --------------------------------------------------------------------------- modules
+
+
+class _ContrastiveLoss(nn.Module):
+    """Holds the options shared by all losses; ``forward(anchor, positive, labels, negatives)``."""
+
+    def __init__(
+        self, temperature: float, form: Form, normalize: bool, reduction: Reduction, check_finite: bool
+    ) -> None:
+        super().__init__()
+        _check_temperature(temperature)
+        _check_choice("form", form, _FORMS)
+        _check_choice("reduction", reduction, _REDUCTIONS)
+        self.temperature = float(temperature)
+        self.form = form
+        self.normalize = normalize
+        self.reduction = reduction
+        self.check_finite = check_finite
+
+    def _common(self) -> dict:
+        return dict(
+            temperature=self.temperature, form=self.form, normalize=self.normalize,
+            reduction=self.reduction, check_finite=self.check_finite,
+        )
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self._hparams().items())
+
+    def _hparams(self) -> dict:
+        return {"temperature": self.temperature, "form": self.form}
+
+
+class InfoNCE(_ContrastiveLoss):
+    """InfoNCE / NT-Xent module; see :func:`info_nce`.
+
+    ``forward(anchor, positive, labels=None, negatives=None)`` with ``[B, d]`` views, optional
+    ``[B]`` class labels and ``[m, d]`` extra negatives; lightly-style ``loss(out0, out1)`` works.
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.5,
+        form: Form = "simclr",
+        *,
+        normalize: bool = True,
+        reduction: Reduction = "mean",
+        check_finite: bool = True,
+    ) -> None:
+        super().__init__(temperature, form, normalize, reduction, check_finite)
+
+    def forward(
+        self, anchor: Tensor, positive: Tensor, labels: Tensor | None = None, negatives: Tensor | None = None
+    ) -> Tensor:
+        return info_nce(anchor, positive, labels=labels, negatives=negatives, **self._common())
+
+
+class DebiasedInfoNCE(_ContrastiveLoss):
+    """Debiased contrastive loss (DCL) module; see :func:`debiased_info_nce`."""
+
+    def __init__(
+        self,
+        temperature: float = 0.5,
+        tau_plus: float = 0.1,
+        *,
+        form: Form = "simclr",
+        normalize: bool = True,
+        reduction: Reduction = "mean",
+        check_finite: bool = True,
+    ) -> None:
+        super().__init__(temperature, form, normalize, reduction, check_finite)
+        _check_tau_plus(tau_plus)
+        self.tau_plus = float(tau_plus)
+
+    def _hparams(self) -> dict:
+        return {**super()._hparams(), "tau_plus": self.tau_plus}
+
+    def forward(
+        self, anchor: Tensor, positive: Tensor, labels: Tensor | None = None, negatives: Tensor | None = None
+    ) -> Tensor:
+        return debiased_info_nce(
+            anchor, positive, tau_plus=self.tau_plus, labels=labels, negatives=negatives, **self._common()
+        )
+
+
+class HardNegativeInfoNCE(_ContrastiveLoss):
+    """Hard-negative contrastive loss (HCL) module; see :func:`hard_negative_info_nce`."""
+
+    def __init__(
+        self,
+        temperature: float = 0.5,
+        tau_plus: float = 0.1,
+        beta: float = 1.0,
+        *,
+        form: Form = "simclr",
+        detach_weights: bool = False,
+        normalize: bool = True,
+        reduction: Reduction = "mean",
+        check_finite: bool = True,
+    ) -> None:
+        super().__init__(temperature, form, normalize, reduction, check_finite)
+        _check_tau_plus(tau_plus)
+        _check_beta(beta)
+        self.tau_plus = float(tau_plus)
+        self.beta = float(beta)
+        self.detach_weights = detach_weights
+
+    def _hparams(self) -> dict:
+        return {**super()._hparams(), "tau_plus": self.tau_plus, "beta": self.beta}
+
+    def forward(
+        self, anchor: Tensor, positive: Tensor, labels: Tensor | None = None, negatives: Tensor | None = None
+    ) -> Tensor:
+        return hard_negative_info_nce(
+            anchor, positive, tau_plus=self.tau_plus, beta=self.beta, detach_weights=self.detach_weights,
+            labels=labels, negatives=negatives, **self._common(),
+        )
+
+
+class SSCLLoss(_ContrastiveLoss):
+    """SSCL module (synthetic hard negatives + HCL weights + debiasing); see :func:`sscl_loss`.
+
+    ``generator`` (optional ``torch.Generator`` on the inputs' device) is used for every call, so
+    a seeded generator makes a training run reproducible.
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.5,
+        tau_plus: float = 0.1,
+        beta: float = 1.0,
+        hardest: int = 32,
+        synthetic: int = 8,
+        mix: bool = True,
+        *,
+        form: Form = "simclr",
+        detach_weights: bool = False,
+        generator: torch.Generator | None = None,
+        normalize: bool = True,
+        reduction: Reduction = "mean",
+        check_finite: bool = True,
+    ) -> None:
+        super().__init__(temperature, form, normalize, reduction, check_finite)
+        _check_tau_plus(tau_plus)
+        _check_beta(beta)
+        _check_sscl(hardest, synthetic)
+        self.tau_plus = float(tau_plus)
+        self.beta = float(beta)
+        self.hardest = hardest
+        self.synthetic = synthetic
+        self.mix = mix
+        self.detach_weights = detach_weights
+        self.generator = generator
+
+    def _hparams(self) -> dict:
+        return {
+            **super()._hparams(), "tau_plus": self.tau_plus, "beta": self.beta,
+            "hardest": self.hardest, "synthetic": self.synthetic, "mix": self.mix,
+        }
+
+    def forward(
+        self, anchor: Tensor, positive: Tensor, labels: Tensor | None = None, negatives: Tensor | None = None
+    ) -> Tensor:
+        return sscl_loss(
+            anchor, positive, tau_plus=self.tau_plus, beta=self.beta, hardest=self.hardest,
+            synthetic=self.synthetic, mix=self.mix, detach_weights=self.detach_weights,
+            generator=self.generator, labels=labels, negatives=negatives, **self._common(),
+        )

@@ -1,0 +1,487 @@
+"""Batch samplers: ``DataLoader(dataset, batch_sampler=sampler)`` yields ``list[int]`` batches.
+
+Every sampler here shares one contract:
+
+* An epoch is ``ceil(N / B)`` batches (``floor`` with ``drop_last=True``),
+  the same number of steps as uniform sampling, so comparisons are
+  step-for-step fair. Uniform and GCBS partition the items (the last batch
+  may be short); walk samplers always return B distinct items and draw
+  their start nodes from items not yet seen this epoch (``coverage``).
+* ``set_epoch(epoch)`` selects the epoch (iteration also advances it by one
+  when an epoch completes); the same seed, epoch and rank give the same
+  batches on any machine (given the same embeddings).
+* ``state_dict()`` / ``load_state_dict()``: resuming mid-epoch yields exactly
+  the remaining batches. With a prefetching ``DataLoader`` pass
+  ``state_dict(consumed=steps_done_this_epoch)``.
+* Distributed: ``rank`` / ``world_size`` default to torch.distributed's when
+  it is initialised. All ranks compute the same global plan of
+  ``ceil(ceil(N/B) / W) * W`` batches (padded with extra batches, like
+  ``DistributedSampler``) and rank r takes batches r, r + W, r + 2W, ...
+* Bad input raises ``ValueError`` naming the parameter and the fix.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from typing import Iterator, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from . import _rng
+from ._validation import check_int, num_items_of
+from .embeddings import EmbeddingSource, read_embeddings, source_num_items
+from .gcbs import gcbs_permutation
+from .graph import knn_graph, proximity_graph
+from .schedules import restart_value
+from .walks import WALKS, WalkState, default_patience, prepare_graph
+
+__all__ = ["UniformBatchSampler", "KNNBatchSampler", "ProximityGraphSampler", "GCBSSampler"]
+
+_LOOKBACK = 1024  # batches kept so that state_dict(consumed=...) can rewind a prefetching loader
+
+
+def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is None or world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+        else:
+            rank = 0 if rank is None else rank
+            world_size = 1 if world_size is None else world_size
+    world_size = check_int(world_size, "world_size", low=1)
+    rank = check_int(rank, "rank", low=0)
+    if rank >= world_size:
+        raise ValueError(f"rank={rank} must be smaller than world_size={world_size}")
+    return rank, world_size
+
+
+class _PlanSampler(Sampler[list[int]]):
+    """Base: a global per-epoch plan of batches, generated in order, split across ranks."""
+
+    def __init__(self, num_items: int, batch_size: int, *, drop_last: bool, seed: int,
+                 rank: int | None, world_size: int | None) -> None:
+        self.num_items = num_items
+        self.batch_size = check_int(batch_size, "batch_size", low=1)
+        if self.batch_size > num_items:
+            raise ValueError(f"batch_size={batch_size} is larger than the number of items "
+                             f"N={num_items}; use batch_size <= N")
+        self.drop_last = bool(drop_last)
+        self.seed = check_int(seed, "seed")
+        self.rank, self.world_size = _dist_defaults(rank, world_size)
+        self.epoch = 0
+        self.sampler_seconds = 0.0  # time spent planning batches (graphs, walks)
+        self._pending: list[np.ndarray] = []  # batches to replay after load_state_dict
+        self._start_step = 0
+        self._recent: collections.deque = collections.deque(maxlen=_LOOKBACK)
+        self._yielded = 0
+        self._active = False
+
+    # -- plan geometry -------------------------------------------------
+    @property
+    def batches_per_epoch(self) -> int:
+        """Global batches in one epoch: ceil(N/B), or floor with drop_last."""
+        if self.drop_last:
+            return self.num_items // self.batch_size
+        return -(-self.num_items // self.batch_size)
+
+    def __len__(self) -> int:
+        total = self.batches_per_epoch
+        if self.drop_last:
+            return total // self.world_size
+        return -(-total // self.world_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s plan on the next iteration (forgets a mid-epoch resume of another epoch)."""
+        epoch = check_int(epoch, "epoch", low=0)
+        if epoch != self.epoch:
+            self._pending, self._start_step = [], 0
+        self.epoch = epoch
+
+    # -- subclass hooks ------------------------------------------------
+    def _begin_epoch(self, fresh: bool) -> None:
+        """Prepare the epoch's plan; ``fresh`` is False when resuming from a loaded state."""
+
+    def _generate(self, index: int, global_step: int) -> np.ndarray:
+        """Global plan batch ``index`` of the current epoch (called for every index, in order)."""
+        raise NotImplementedError
+
+    def _generator_state(self, mid_epoch: bool) -> dict:
+        """What it takes to continue the plan exactly (the walk state, the current graph, ...)."""
+        return {}
+
+    def _load_generator_state(self, state: dict) -> None:
+        pass
+
+    # -- iteration -----------------------------------------------------
+    def __iter__(self) -> Iterator[list[int]]:
+        steps = len(self)
+        w, r = self.world_size, self.rank
+        self._begin_epoch(fresh=not (self._pending or self._start_step > 0))
+        start = self._start_step
+        pending, self._pending, self._start_step = self._pending, [], 0
+        self._recent.clear()
+        self._active = True
+        step = start
+        for batch in pending:
+            self._recent.append(batch)
+            self._yielded = step + 1
+            yield batch.tolist()
+            step += 1
+        while step < steps:
+            t0 = time.perf_counter()
+            mine = None
+            for j in range(step * w, step * w + w):
+                batch = self._generate(j, self.epoch * steps + step)
+                if j % w == r:
+                    mine = batch
+            self.sampler_seconds += time.perf_counter() - t0
+            self._recent.append(mine)
+            self._yielded = step + 1
+            yield mine.tolist()
+            step += 1
+        self._active = False
+        self.epoch += 1
+
+    # -- checkpointing -------------------------------------------------
+    def state_dict(self, consumed: int | None = None) -> dict:
+        """Sampler state after ``consumed`` batches of the current epoch (default: all yielded).
+
+        ``consumed`` may lag the batches already yielded by up to 1024 (a
+        prefetching loader); those batches are replayed after loading.
+        """
+        yielded = self._yielded if self._active else 0
+        consumed = yielded if consumed is None else check_int(consumed, "consumed", low=0)
+        if consumed > yielded or yielded - consumed > len(self._recent):
+            raise ValueError(f"consumed={consumed} must be between {yielded - len(self._recent)} "
+                             f"and the {yielded} batches yielded this epoch")
+        lag = yielded - consumed
+        pending = list(self._recent)[len(self._recent) - lag:] if lag else []
+        return {
+            "epoch": self.epoch,
+            "step": consumed,
+            "pending": [torch.from_numpy(b.copy()) for b in pending],
+            "seed": self.seed,
+            "num_items": self.num_items,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "generator": self._generator_state(mid_epoch=bool(self._active and yielded)),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the next iteration yields exactly the remaining batches of the saved epoch."""
+        for key in ("num_items", "batch_size", "world_size", "seed"):
+            if state[key] != getattr(self, key):
+                raise ValueError(f"state was saved with {key}={state[key]} but this sampler has "
+                                 f"{key}={getattr(self, key)}; construct it with the same value")
+        self.epoch = int(state["epoch"])
+        pending = [np.asarray(b, dtype=np.int64) for b in state["pending"]]
+        self._pending = pending
+        self._start_step = int(state["step"])
+        self._load_generator_state(state["generator"])
+
+
+class UniformBatchSampler(_PlanSampler):
+    """Uniform sampling without replacement: a fresh random permutation each epoch, cut into batches.
+
+    Args:
+        n_or_dataset: number of items N or a sized dataset.
+        batch_size: B.
+        drop_last: drop the last short batch.
+        seed: base seed; the permutation depends on (seed, epoch) only.
+        rank, world_size: distributed split (defaults from torch.distributed).
+    """
+
+    def __init__(self, n_or_dataset, batch_size: int, *, drop_last: bool = False, seed: int = 0,
+                 rank: int | None = None, world_size: int | None = None) -> None:
+        super().__init__(num_items_of(n_or_dataset), batch_size, drop_last=drop_last, seed=seed,
+                         rank=rank, world_size=world_size)
+
+    def _begin_epoch(self, fresh: bool) -> None:
+        self._order = _rng.permutation(self.num_items, _rng.derive_seed(self.seed, self.epoch, 1))
+
+    def _generate(self, index: int, global_step: int) -> np.ndarray:
+        index %= self.batches_per_epoch
+        return self._order[index * self.batch_size:(index + 1) * self.batch_size]
+
+    @property
+    def coverage(self) -> float:
+        return 1.0
+
+
+class GCBSSampler(_PlanSampler):
+    """Global Contrastive Batch Sampling: each epoch, batches cut from a GCBS permutation.
+
+    At the start of every epoch the embedding source is read and
+    :func:`hardbatch.gcbs_permutation` orders the items; batches are
+    consecutive slices of that order (gcbs paper, Appendix F).
+
+    Args:
+        embeddings: [N, d] tensor/array, an :class:`EmbeddingBank`, or a callable returning one.
+        batch_size: B.
+        quantile: sparsification quantile (paper: 0.999).
+        paired: the Y side of paired data (same kinds as ``embeddings``), or None.
+        method: ``"exact"`` or ``"ivf"`` (faiss) thresholding.
+        shuffle_batches: visit the batches in random order (default False: the
+            paper's sequential order).
+        drop_last, seed, rank, world_size: as in every sampler.
+    """
+
+    def __init__(self, embeddings: EmbeddingSource, batch_size: int, quantile: float = 0.999, *,
+                 paired: EmbeddingSource | None = None, method: Literal["exact", "ivf"] = "exact",
+                 shuffle_batches: bool = False, drop_last: bool = False, seed: int = 0,
+                 nlist: int | None = None, nprobe: int = 16, rank: int | None = None,
+                 world_size: int | None = None) -> None:
+        n, self._first = source_num_items(embeddings)
+        super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
+                         world_size=world_size)
+        if not 0.0 < float(quantile) < 1.0:
+            raise ValueError(f"quantile={quantile} must lie strictly between 0 and 1")
+        if method not in ("exact", "ivf"):
+            raise ValueError(f"method={method!r} must be 'exact' or 'ivf'")
+        self.source, self.paired = embeddings, paired
+        self.quantile, self.method = float(quantile), method
+        self.shuffle_batches = bool(shuffle_batches)
+        self.nlist, self.nprobe = nlist, nprobe
+        self._order: np.ndarray | None = None
+        self._batch_order: np.ndarray | None = None
+        self.last_refresh_seconds = 0.0
+
+    def _begin_epoch(self, fresh: bool) -> None:
+        if not fresh and self._order is not None:
+            return
+        t0 = time.perf_counter()
+        x = self._first if self._first is not None else read_embeddings(self.source)
+        self._first = None
+        y = None if self.paired is None else read_embeddings(self.paired, "paired")
+        perm = gcbs_permutation(x, self.quantile, y, method=self.method,
+                                seed=_rng.derive_seed(self.seed, self.epoch) & 0x7FFFFFFF,
+                                nlist=self.nlist, nprobe=self.nprobe)
+        self._order = perm.numpy()
+        nb = self.batches_per_epoch
+        self._batch_order = (_rng.permutation(nb, _rng.derive_seed(self.seed, self.epoch, 2))
+                             if self.shuffle_batches else np.arange(nb))
+        self.last_refresh_seconds = time.perf_counter() - t0
+        self.sampler_seconds += self.last_refresh_seconds
+
+    def _generate(self, index: int, global_step: int) -> np.ndarray:
+        b = int(self._batch_order[index % self.batches_per_epoch])
+        return self._order[b * self.batch_size:(b + 1) * self.batch_size]
+
+    def _generator_state(self, mid_epoch: bool) -> dict:
+        if not mid_epoch:
+            return {}
+        return {"order": torch.from_numpy(self._order.copy()),
+                "batch_order": torch.from_numpy(self._batch_order.copy())}
+
+    def _load_generator_state(self, state: dict) -> None:
+        if state:
+            self._order = np.asarray(state["order"], np.int64)
+            self._batch_order = np.asarray(state["batch_order"], np.int64)
+        else:
+            self._order = self._batch_order = None
+
+    @property
+    def coverage(self) -> float:
+        return 1.0
+
+
+class _GraphWalkSampler(_PlanSampler):
+    """Base of samplers that walk a neighbour graph rebuilt from the embedding source."""
+
+    def __init__(self, embeddings: EmbeddingSource, batch_size: int, *, walk: str,
+                 restart, refresh_every: int | None, epochs: int | None, drop_last: bool,
+                 seed: int, normalize: bool, patience: int | None, rank: int | None,
+                 world_size: int | None) -> None:
+        n, self._first = source_num_items(embeddings)
+        super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
+                         world_size=world_size)
+        if walk not in WALKS:
+            raise ValueError(f"walk={walk!r} must be one of {sorted(WALKS)}")
+        if isinstance(restart, (int, float)):
+            if not 0.0 <= float(restart) <= 1.0:
+                raise ValueError(f"restart={restart} must lie in [0, 1] (or be a schedule such "
+                                 "as LinearDecay(0.2, 0.05))")
+        elif not callable(restart):
+            raise ValueError(f"restart must be a float in [0, 1] or a schedule, got {restart!r}")
+        elif getattr(restart, "total_steps", None) is None and epochs is None:
+            raise ValueError("restart is a schedule: pass epochs=... (training length) to the "
+                             "sampler, or total_steps=... to the schedule")
+        self.refresh_every = None if refresh_every is None else check_int(
+            refresh_every, "refresh_every", low=1)
+        self.epochs = None if epochs is None else check_int(epochs, "epochs", low=1)
+        self.source = embeddings
+        self.walk, self.restart, self.normalize = walk, restart, bool(normalize)
+        self._patience = patience
+        self._graph: np.ndarray | None = None
+        self._deg: np.ndarray | None = None
+        self._walk_state: WalkState | None = None
+        self.last_refresh_seconds = 0.0
+        self.refreshes = 0
+
+    def _build_graph(self, x: np.ndarray, build_index: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def refresh(self, global_step: int = 0) -> None:
+        """Re-read the embedding source and rebuild the graph now."""
+        t0 = time.perf_counter()
+        x = self._first if self._first is not None else read_embeddings(self.source)
+        self._first = None
+        if self.normalize:
+            x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        if x.shape[0] != self.num_items:
+            raise ValueError(f"the embedding source now has {x.shape[0]} items, the sampler was "
+                             f"built for {self.num_items}")
+        graph = self._build_graph(np.ascontiguousarray(x, np.float32),
+                                  _rng.derive_seed(self.seed, global_step, 0x6A))
+        self._graph, self._deg = prepare_graph(graph, self.num_items)
+        self._graph_step = global_step
+        self.refreshes += 1
+        self.last_refresh_seconds = time.perf_counter() - t0
+
+    @property
+    def graph(self) -> torch.Tensor | None:
+        """The current neighbour table [N, K] (None before the first batch)."""
+        return None if self._graph is None else torch.from_numpy(self._graph)
+
+    @property
+    def coverage(self) -> float:
+        """Share of items drawn so far this epoch (all ranks)."""
+        return 0.0 if self._walk_state is None else self._walk_state.coverage
+
+    def _begin_epoch(self, fresh: bool) -> None:
+        if fresh or self._walk_state is None:
+            self._walk_state = WalkState(self.num_items, self.seed, self.epoch)
+
+    def _restart_at(self, global_step: int) -> float:
+        planned = None if self.epochs is None else self.epochs * len(self)
+        return restart_value(self.restart, global_step, planned)
+
+    def _generate(self, index: int, global_step: int) -> np.ndarray:
+        due = (self.refresh_every is not None and global_step % self.refresh_every == 0
+               and index % self.world_size == 0 and getattr(self, "_graph_step", -1) != global_step)
+        if self._graph is None or due:
+            self.refresh(global_step)
+        patience = self._patience or default_patience(self._graph.shape[1])
+        seeds = np.array([_rng.derive_seed(self.seed, self.epoch, index, 0xB)], np.uint64)
+        restarts = np.array([self._restart_at(global_step)])
+        return self._walk_state.walk(self._graph, self._deg, self.batch_size, WALKS[self.walk],
+                                     restarts, seeds, patience)[0]
+
+    def _generator_state(self, mid_epoch: bool) -> dict:
+        state = {}
+        if self._graph is not None:  # the graph outlives epochs until its next refresh
+            state["graph"] = torch.from_numpy(self._graph.astype(
+                np.int32 if self.num_items < 2**31 else np.int64))
+            state["graph_step"] = self._graph_step
+        if mid_epoch:
+            state["walk"] = self._walk_state.state_dict()
+        return state
+
+    def _load_generator_state(self, state: dict) -> None:
+        self._walk_state = None
+        if "walk" in state:
+            self._walk_state = WalkState(self.num_items, self.seed, self.epoch)
+            self._walk_state.load_state_dict(state["walk"])
+        if "graph" in state:
+            self._graph, self._deg = prepare_graph(np.asarray(state["graph"], np.int64),
+                                                   self.num_items)
+            self._graph_step = int(state["graph_step"])
+            self._first = None
+
+
+class ProximityGraphSampler(_GraphWalkSampler):
+    """BatchSampler (Yang et al., KDD 2023): batches are walks on a proximity graph.
+
+    Every ``refresh_every`` steps the sampler re-reads its embedding source
+    and rebuilds the graph (:func:`hardbatch.proximity_graph`, or the exact
+    :func:`hardbatch.knn_graph` with ``graph="knn"``); each batch is a walk of
+    B distinct items from a start node not yet seen this epoch
+    (:mod:`hardbatch.walks`).
+
+    Args:
+        embeddings: [N, d] tensor/array, an :class:`EmbeddingBank` fed by the
+            training loop, or a callable returning [N, d] (a fresh encoding pass).
+        batch_size: B.
+        candidates: M, candidate pool per item (paper: 500-1000).
+        neighbors: K, neighbours kept (paper: 100; 50 for MUTAG, 500 for text).
+        restart: RWR restart probability alpha, a float or a schedule such as
+            ``LinearDecay(0.2, 0.05)`` (the paper's best).
+        walk: ``"rwr"`` (default), ``"rw"``, ``"bfs"`` or ``"dfs"``.
+        graph: ``"proximity"`` or ``"knn"`` (ablation: exact K nearest).
+        refresh_every: steps between graph rebuilds (paper's t), counted over
+            the whole run; None builds the graph once.
+        epochs: planned epochs, for schedules of ``restart``.
+        normalize: L2-normalise embeddings first (cosine similarity); default True.
+        group_size: candidate-pool sharing of :func:`proximity_graph`.
+        patience: RWR/RW steps without a new item before jumping to a fresh start.
+        drop_last, seed, rank, world_size: as in every sampler.
+    """
+
+    def __init__(self, embeddings: EmbeddingSource, batch_size: int, candidates: int = 1000,
+                 neighbors: int = 100, restart=0.2, walk: str = "rwr",
+                 graph: Literal["proximity", "knn"] = "proximity",
+                 refresh_every: int | None = 100, *, epochs: int | None = None,
+                 drop_last: bool = False, seed: int = 0, normalize: bool = True,
+                 group_size: int | None = None, patience: int | None = None,
+                 rank: int | None = None, world_size: int | None = None) -> None:
+        super().__init__(embeddings, batch_size, walk=walk, restart=restart,
+                         refresh_every=refresh_every, epochs=epochs, drop_last=drop_last,
+                         seed=seed, normalize=normalize, patience=patience, rank=rank,
+                         world_size=world_size)
+        self.candidates = check_int(candidates, "candidates", low=1)
+        self.neighbors = check_int(neighbors, "neighbors", low=1)
+        if graph not in ("proximity", "knn"):
+            raise ValueError(f"graph={graph!r} must be 'proximity' or 'knn'")
+        self.graph_kind = graph
+        n = self.num_items
+        if graph == "proximity":
+            if self.neighbors >= self.candidates:
+                raise ValueError(f"neighbors={neighbors} must be smaller than candidates="
+                                 f"{candidates}; raise candidates or lower neighbors")
+            if self.candidates >= n:
+                raise ValueError(f"candidates={candidates} must be smaller than the number of "
+                                 f"items N={n}; lower candidates (e.g. {max(self.neighbors + 1, n // 2)})")
+        elif self.neighbors >= n:
+            raise ValueError(f"neighbors={neighbors} must be smaller than N={n}")
+        self.group_size = group_size
+
+    def _build_graph(self, x: np.ndarray, build_seed: int) -> torch.Tensor:
+        if self.graph_kind == "knn":
+            return knn_graph(x, self.neighbors)
+        return proximity_graph(x, self.candidates, self.neighbors, build_seed,
+                               group_size=self.group_size)
+
+
+class KNNBatchSampler(_GraphWalkSampler):
+    """kNN sampler (the paper's baseline): a random anchor plus its B-1 nearest neighbours.
+
+    Anchors are drawn from items not yet seen this epoch; the exact kNN graph
+    (K = B-1, :func:`hardbatch.knn_graph`) is rebuilt every ``refresh_every``
+    steps. O(N^2 d) per rebuild.
+
+    Args:
+        embeddings: as for :class:`ProximityGraphSampler`.
+        batch_size: B (< N).
+        refresh_every: steps between rebuilds; None builds once.
+        normalize, drop_last, seed, rank, world_size: as in every sampler.
+    """
+
+    def __init__(self, embeddings: EmbeddingSource, batch_size: int,
+                 refresh_every: int | None = 100, *, drop_last: bool = False, seed: int = 0,
+                 normalize: bool = True, rank: int | None = None,
+                 world_size: int | None = None) -> None:
+        super().__init__(embeddings, batch_size, walk="bfs", restart=0.0,
+                         refresh_every=refresh_every, epochs=None, drop_last=drop_last,
+                         seed=seed, normalize=normalize, patience=None, rank=rank,
+                         world_size=world_size)
+        if self.batch_size >= self.num_items:
+            raise ValueError(f"batch_size={batch_size} must be smaller than N={self.num_items} "
+                             "for the kNN sampler (anchor plus B-1 neighbours)")
+
+    def _build_graph(self, x: np.ndarray, build_seed: int) -> torch.Tensor:
+        return knn_graph(x, max(1, self.batch_size - 1))

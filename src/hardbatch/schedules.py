@@ -1,0 +1,44 @@
+"""Schedules for the restart probability alpha of the random walk with restart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LinearDecay:
+    """Linear schedule from ``start`` to ``end`` over training progress (BatchSampler section 5.3).
+
+    The paper's best setting decays alpha from 0.2 to 0.05. Progress is the
+    share of planned batches drawn so far: the sampler supplies it from its
+    ``epochs`` argument, or, if ``total_steps`` is set here, from its step
+    count (batches yielded by this rank) over ``total_steps``.
+    """
+
+    start: float = 0.2
+    end: float = 0.05
+    total_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("start", "end"):
+            value = getattr(self, name)
+            if not 0.0 <= float(value) <= 1.0:
+                raise ValueError(f"LinearDecay {name}={value} must lie in [0, 1]")
+        if self.total_steps is not None and int(self.total_steps) <= 0:
+            raise ValueError(f"LinearDecay total_steps={self.total_steps} must be positive")
+
+    def __call__(self, progress: float) -> float:
+        """Alpha at ``progress`` in [0, 1] (clipped)."""
+        p = min(1.0, max(0.0, float(progress)))
+        return float(self.start + (self.end - self.start) * p)
+
+
+def restart_value(schedule, step: int, planned_steps: int | None) -> float:
+    """Alpha for a float or a schedule at ``step`` of ``planned_steps``."""
+    if isinstance(schedule, (int, float)):
+        return float(schedule)
+    total = getattr(schedule, "total_steps", None) or planned_steps
+    if not total:
+        raise ValueError("restart is a schedule but the number of planned steps is unknown: "
+                         "pass epochs=... to the sampler or total_steps=... to the schedule")
+    return float(schedule(step / total))

@@ -1,0 +1,304 @@
+"""Graph walks that collect a mini-batch of B distinct items (BatchSampler paper, section 4.2).
+
+A graph is a neighbour table ``neighbors`` of shape [N, K] (int64): row ``v``
+lists the out-neighbours of item ``v``; ``-1`` entries, allowed only at the
+end of a row, mean "no neighbour". Rows produced by :func:`hardbatch.proximity_graph`
+and :func:`hardbatch.knn_graph` are full and sorted by decreasing similarity.
+
+Walks (``walk=``):
+
+- ``"rwr"``: random walk with restart (paper Algorithm 3). From start node
+  ``u``, each step teleports back to ``u`` with probability ``restart``
+  (alpha) or moves to a uniformly chosen neighbour; every newly visited
+  node joins the batch.
+- ``"rw"``: plain random walk (``restart = 0``).
+- ``"bfs"``: breadth-first: all neighbours of the start node in row order,
+  then their neighbours, and so on.
+- ``"dfs"``: depth-first: go to a random unvisited neighbour as deep as
+  possible, backtrack when a node has none left.
+
+Termination on any graph. A walk can run out of new nodes (the start's
+reachable set holds fewer than B items, a dead end, a tiny component). The
+walk then continues from a fresh start node not yet in the batch:
+
+- BFS / DFS: as soon as the queue / stack is empty;
+- RW: at a node without neighbours;
+- RWR / RW: after ``patience`` consecutive steps that add no new item
+  (default ``max(100, 10 * K)``), the sign that the reachable set is
+  exhausted.
+
+Each fresh start adds one item, so a batch needs at most B starts and every
+call terminates. Start nodes are taken from a per-epoch random order of the
+items, skipping items already seen this epoch (``seen``); once every item has
+been seen, starts are uniform among items not in the batch.
+
+All randomness comes from :mod:`hardbatch._rng` streams seeded per batch, so a
+batch depends only on (graph, seed, batch index, epoch state), not on the
+machine or thread count. The kernels are compiled with numba; there is no
+Python loop per step.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+from numba import njit
+
+from . import _rng
+from ._rng import rand_below, rand_unit
+from ._validation import check_int, to_numpy_index_table
+
+WalkKind = Literal["rwr", "rw", "bfs", "dfs"]
+WALKS: dict[str, int] = {"rwr": 0, "rw": 1, "bfs": 2, "dfs": 3}
+
+__all__ = ["walk_batches", "WalkState", "WALKS"]
+
+
+@njit(cache=True)
+def _row_degrees(neighbors: np.ndarray) -> np.ndarray:
+    """Valid entries per row; -1 if a row has a valid entry after a -1 or an id out of range."""
+    n, k = neighbors.shape
+    deg = np.empty(n, np.int64)
+    for v in range(n):
+        d = 0
+        bad = False
+        for j in range(k):
+            w = neighbors[v, j]
+            if w < 0:
+                if w != -1:
+                    bad = True
+                break
+            if w >= n:
+                bad = True
+                break
+            d += 1
+        for j in range(d + 1, k):
+            if neighbors[v, j] != -1:
+                bad = True
+        deg[v] = -1 if bad else d
+    return deg
+
+
+@njit(inline="always", cache=True)
+def _fresh_start(seen, start_order, ptr, stamp, stamp_id, state):
+    """Next start node: first not-yet-seen item in the epoch order, else a random one not in the batch."""
+    n = start_order.shape[0]
+    p = ptr[0]
+    while p < n:
+        v = start_order[p]
+        if seen[v] == 0 and stamp[v] != stamp_id:
+            ptr[0] = p + 1
+            return v
+        p += 1
+    ptr[0] = n
+    for _ in range(64):
+        v = rand_below(state, n)
+        if stamp[v] != stamp_id:
+            return v
+    off = rand_below(state, n)
+    for i in range(n):
+        v = (off + i) % n
+        if stamp[v] != stamp_id:
+            return v
+    return -1  # unreachable while the batch is smaller than N
+
+
+@njit(cache=True)
+def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
+               seen, start_order, ptr, stamp, stamp_base, out):
+    """Fill ``out[b]`` (b < len(seeds)) with one walk batch each; updates ``seen`` and ``ptr``."""
+    state = np.empty(1, np.uint64)
+    stack_node = np.empty(batch_size, np.int64)
+    stack_pos = np.empty(batch_size, np.int64)
+    stack_off = np.empty(batch_size, np.int64)
+    for b in range(seeds.shape[0]):
+        state[0] = seeds[b]
+        sid = stamp_base + b
+        alpha = restarts[b]
+        count = 0
+        u = _fresh_start(seen, start_order, ptr, stamp, sid, state)
+        out[b, count] = u
+        stamp[u] = sid
+        seen[u] = 1
+        count += 1
+        if kind <= 1:  # rwr / rw
+            v = u
+            idle = 0
+            while count < batch_size:
+                jump = False
+                if kind == 0 and rand_unit(state) < alpha:
+                    v = u
+                elif deg[v] == 0:
+                    if kind == 0 and v != u:
+                        v = u
+                    else:
+                        jump = True
+                else:
+                    v = neighbors[v, rand_below(state, deg[v])]
+                if not jump and stamp[v] != sid:
+                    out[b, count] = v
+                    stamp[v] = sid
+                    seen[v] = 1
+                    count += 1
+                    idle = 0
+                    continue
+                idle += 1
+                if jump or idle > patience:
+                    u = _fresh_start(seen, start_order, ptr, stamp, sid, state)
+                    out[b, count] = u
+                    stamp[u] = sid
+                    seen[u] = 1
+                    count += 1
+                    v = u
+                    idle = 0
+        elif kind == 2:  # bfs: the batch itself is the queue
+            head = 0
+            while count < batch_size:
+                if head < count:
+                    v = out[b, head]
+                    head += 1
+                    for j in range(deg[v]):
+                        w = neighbors[v, j]
+                        if stamp[w] != sid:
+                            out[b, count] = w
+                            stamp[w] = sid
+                            seen[w] = 1
+                            count += 1
+                            if count == batch_size:
+                                break
+                else:
+                    w = _fresh_start(seen, start_order, ptr, stamp, sid, state)
+                    out[b, count] = w
+                    stamp[w] = sid
+                    seen[w] = 1
+                    count += 1
+        else:  # dfs
+            sp = 0
+            stack_node[0] = u
+            stack_pos[0] = 0
+            stack_off[0] = rand_below(state, deg[u]) if deg[u] > 0 else 0
+            sp = 1
+            while count < batch_size:
+                if sp == 0:
+                    w = _fresh_start(seen, start_order, ptr, stamp, sid, state)
+                else:
+                    top = sp - 1
+                    v = stack_node[top]
+                    d = deg[v]
+                    w = -1
+                    while stack_pos[top] < d:
+                        cand = neighbors[v, (stack_off[top] + stack_pos[top]) % d]
+                        stack_pos[top] += 1
+                        if stamp[cand] != sid:
+                            w = cand
+                            break
+                    if w < 0:
+                        sp -= 1
+                        continue
+                out[b, count] = w
+                stamp[w] = sid
+                seen[w] = 1
+                count += 1
+                stack_node[sp] = w
+                stack_pos[sp] = 0
+                stack_off[sp] = rand_below(state, deg[w]) if deg[w] > 0 else 0
+                sp += 1
+
+
+class WalkState:
+    """Per-epoch bookkeeping shared by consecutive walk batches.
+
+    Holds the epoch's random start order, the pointer into it, the ``seen``
+    mask (coverage) and scratch space. ``coverage`` is the share of items that
+    appeared in a batch this epoch.
+    """
+
+    def __init__(self, num_items: int, seed: int, epoch: int) -> None:
+        self.num_items = num_items
+        self.start_order = _rng.permutation(num_items, _rng.derive_seed(seed, epoch, 0x57A27))
+        self.ptr = np.zeros(1, np.int64)
+        self.seen = np.zeros(num_items, np.uint8)
+        self._stamp = np.full(num_items, -1, np.int64)
+        self._stamp_next = 0
+
+    @property
+    def coverage(self) -> float:
+        return float(self.seen.mean()) if self.num_items else 0.0
+
+    def state_dict(self) -> dict:
+        return {"ptr": int(self.ptr[0]), "seen": np.packbits(self.seen)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ptr[0] = int(state["ptr"])
+        self.seen[:] = np.unpackbits(np.asarray(state["seen"], np.uint8))[: self.num_items]
+
+    def walk(self, neighbors: np.ndarray, deg: np.ndarray, batch_size: int, kind: int,
+             restarts: np.ndarray, seeds: np.ndarray, patience: int) -> np.ndarray:
+        """Run ``len(seeds)`` walks; returns int64 [len(seeds), batch_size]."""
+        out = np.empty((len(seeds), batch_size), np.int64)
+        _walk_many(neighbors, deg, batch_size, kind, np.ascontiguousarray(restarts, np.float64),
+                   np.ascontiguousarray(seeds, np.uint64), patience, self.seen, self.start_order,
+                   self.ptr, self._stamp, self._stamp_next, out)
+        self._stamp_next += len(seeds)
+        return out
+
+
+def prepare_graph(neighbors, num_items: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Validate a neighbour table; returns (int64 C-contiguous table, row degrees)."""
+    table = to_numpy_index_table(neighbors, "neighbors")
+    if num_items is not None and table.shape[0] != num_items:
+        raise ValueError(
+            f"neighbors has {table.shape[0]} rows but there are {num_items} items; "
+            "build the graph from the same embeddings the sampler uses")
+    deg = _row_degrees(table)
+    bad = np.flatnonzero(deg < 0)
+    if bad.size:
+        raise ValueError(
+            f"neighbors row {int(bad[0])} is malformed: entries must be item ids in "
+            f"[0, {table.shape[0]}) with -1 padding only at the end of a row")
+    return table, deg
+
+
+def default_patience(num_neighbors: int) -> int:
+    return max(100, 10 * num_neighbors)
+
+
+def walk_batches(neighbors: torch.Tensor | np.ndarray, batch_size: int, num_batches: int = 1, *,
+                 walk: WalkKind = "rwr", restart: float = 0.2, seed: int = 0,
+                 patience: int | None = None) -> torch.Tensor:
+    """Collect ``num_batches`` batches of ``batch_size`` distinct items by walking a graph.
+
+    Args:
+        neighbors: int64 [N, K] neighbour table (``-1`` padding at row ends allowed).
+        batch_size: B, items per batch (``B <= N``).
+        num_batches: how many batches; start nodes avoid items already drawn
+            by earlier batches of the same call (one epoch's worth of walks).
+        walk: ``"rwr"``, ``"rw"``, ``"bfs"`` or ``"dfs"`` (see module docstring).
+        restart: restart probability alpha in [0, 1] for ``"rwr"``.
+        seed: stream seed; the same inputs and seed give the same batches.
+        patience: steps without a new item before an RWR/RW walk restarts elsewhere.
+
+    Returns:
+        int64 tensor [num_batches, batch_size]; each row holds distinct ids.
+    """
+    table, deg = prepare_graph(neighbors)
+    n = table.shape[0]
+    batch_size = check_int(batch_size, "batch_size", low=1)
+    num_batches = check_int(num_batches, "num_batches", low=1)
+    if batch_size > n:
+        raise ValueError(f"batch_size={batch_size} is larger than the number of items N={n}; "
+                         "use batch_size <= N")
+    if walk not in WALKS:
+        raise ValueError(f"walk={walk!r} is not one of {sorted(WALKS)}")
+    restart = float(restart)
+    if not 0.0 <= restart <= 1.0:
+        raise ValueError(f"restart={restart} must lie in [0, 1]")
+    patience = default_patience(table.shape[1]) if patience is None else check_int(
+        patience, "patience", low=1)
+    state = WalkState(n, seed, 0)
+    seeds = np.array([_rng.derive_seed(seed, 0, i) for i in range(num_batches)], np.uint64)
+    out = state.walk(table, deg, batch_size, WALKS[walk], np.full(num_batches, restart), seeds,
+                     patience)
+    return torch.from_numpy(out)
