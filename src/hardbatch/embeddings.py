@@ -82,7 +82,7 @@ class EmbeddingBank:
     @property
     def filled(self) -> float:
         """Share of items updated at least once."""
-        return float((self.last_update >= 0).float().mean())
+        return float((self.last_update >= 0).double().mean())
 
     def snapshot(self) -> torch.Tensor:
         """A copy of the current [N, d] table."""

@@ -12,8 +12,8 @@ and keeps the K with the largest inner product. Done literally, every item
 gathers M rows of the embedding matrix: N*M*d reads (15 GB for MNIST's 60k
 items at M=1000, d=64; 650 GB at ImageNet scale), which is what makes the
 authors' gather + bmm slow. We let items share candidate pools in small
-random groups of ``group_size`` items (default ``min(32, M // 16)``, far below
-M): one gather of M rows then serves g items and becomes a small dense
+random groups of ``group_size`` items (default: the largest divisor of M up
+to ``min(32, M // 16)``, far below M): one gather of M rows then serves g items and becomes a small dense
 matrix product, cutting memory traffic g-fold.
 
 Naive sharing changes the graph's statistics: if a popular item lands in a
@@ -23,19 +23,21 @@ standard deviation on MNIST at g=32, M=1000, K=100). We therefore build the
 pools from a *balanced design* that restores the first two moments of the
 independent scheme:
 
-* the M pool slots of every group are filled in rounds of g slots; a round
-  deals a fresh random permutation of all N items out to the groups, g items
-  each, so every item enters exactly one pool per round;
-* a share 1/g of the rounds instead draws its slots uniformly with
-  replacement. Under independent per-item draws, the number of items that
-  have item j among their candidates is ~Poisson(M) (mean M, variance M);
-  with sharing it is g times the number of pools containing j, whose variance
-  is the number of with-replacement rounds, M/g^2. The design therefore
-  matches mean and variance exactly, and with them the mean and spread of
-  in-degrees;
-* duplicates inside a pool and pool entries equal to one of the group's own
-  members are re-drawn uniformly, so every item gets exactly M distinct
-  candidates other than itself (uniform marginally, by symmetry).
+* items are put in random order and cut into groups (blocks) of g; in round
+  r = 1..M/g, group a receives block a + t_r (mod number of groups), with
+  distinct random offsets t_r != 0. Every item thus enters exactly one pool
+  per round, no pool repeats an item and no pool holds its own members;
+* under independent per-item draws, the number of items that have item j
+  among their candidates is ~Poisson(M): mean M, variance M. With sharing it
+  is g times the number of pools containing j, so that number needs variance
+  M/g^2, while the cyclic deal gives 0. Each dealt slot is therefore replaced
+  by a uniform draw with probability p, p(2 - p) = 1/g (about 1/(2g)),
+  which adds exactly that variance: the design matches the mean and the
+  variance of the independent scheme, and with them the mean and the spread
+  of in-degrees;
+* uniform draws that repeat an item of the pool or hit a group member are
+  re-drawn, so every item gets exactly M distinct candidates other than
+  itself, uniform marginally by symmetry.
 
 With ``group_size=1`` this reduces to the independent scheme. The test-suite
 checks in-degree spread and mean neighbour similarity against a literal
@@ -49,68 +51,116 @@ import torch
 from numba import njit
 
 from . import _rng
-from ._rng import rand_below, shuffle_inplace
+from ._rng import rand_below, rand_unit
 from ._validation import as_embeddings, check_int
 
-__all__ = ["proximity_graph", "knn_graph", "default_group_size"]
+__all__ = ["proximity_graph", "knn_graph", "candidate_pools", "default_group_size"]
 
 # Target elements of one similarity block (rows x columns); bounds working memory.
 _BLOCK_ELEMENTS = 1 << 22
 
 
 def default_group_size(candidates: int, num_items: int) -> int:
-    """Items sharing one candidate pool: ``min(32, M // 16)``, at least 1, at most N - M."""
-    return int(max(1, min(32, candidates // 16, num_items - candidates)))
+    """Items sharing one candidate pool: the largest divisor of M up to ``min(32, M // 16)``.
+
+    A divisor of M avoids a partial last round of the pool design.
+    """
+    cap = int(max(1, min(32, candidates // 16, num_items - candidates)))
+    return max(g for g in range(1, cap + 1) if candidates % g == 0 or g == 1)
 
 
 @njit(cache=True)
-def _balanced_pools(n, m, members, n_iid_rounds, seed, pools):
-    """Fill ``pools`` [G, m] with candidate ids for the groups in ``members`` [G, g] (-1 = padding)."""
-    n_groups, g = members.shape
+def _balanced_pools(order, m, g, p_uniform, seed, pools):
+    """Fill ``pools`` [G, m]: group a = block a of ``order``; pool a = blocks a + t_r (mod G).
+
+    The offsets t_1..t_R are distinct and nonzero, so every item enters
+    exactly one pool per round and no pool repeats an item or holds a member
+    of its own group. Each slot is then replaced by a uniform draw with
+    probability ``p_uniform``; draws that repeat an item of the pool or hit a
+    group member are re-drawn.
+    """
+    n = order.shape[0]
+    n_groups = pools.shape[0]
     state = np.empty(1, np.uint64)
-    state[0] = np.uint64(seed)
-    order = np.arange(n)
+    state[0] = seed
     n_rounds = (m + g - 1) // g
-    for r in range(n_rounds):
-        lo = r * g
-        width = min(g, m - lo)
-        if r < n_iid_rounds:
-            for a in range(n_groups):
-                for j in range(width):
-                    pools[a, lo + j] = rand_below(state, n)
-        else:
-            shuffle_inplace(order, state)
-            pos = 0
-            for a in range(n_groups):
-                for j in range(width):
-                    pools[a, lo + j] = order[pos]
-                    pos += 1
-                    if pos == n:
-                        pos = 0
+    offsets = np.arange(1, n_groups)
+    for i in range(n_rounds):  # partial Fisher-Yates: R distinct offsets
+        j = i + rand_below(state, n_groups - 1 - i)
+        tmp = offsets[i]
+        offsets[i] = offsets[j]
+        offsets[j] = tmp
+    for a in range(n_groups):
+        for r in range(n_rounds):
+            src = ((a + offsets[r]) % n_groups) * g
+            for j in range(min(g, m - r * g)):
+                if src + j < n and not (p_uniform > 0.0 and rand_unit(state) < p_uniform):
+                    pools[a, r * g + j] = order[src + j]
+                else:
+                    pools[a, r * g + j] = -1
     stamp = np.full(n, -1, np.int64)
     for a in range(n_groups):
-        for j in range(g):
-            v = members[a, j]
-            if v >= 0:
-                stamp[v] = a
+        for j in range(a * g, min(n, a * g + g)):
+            stamp[order[j]] = a
         for j in range(m):
-            v = pools[a, j]
-            if stamp[v] == a:
-                v = -1
-                for _ in range(64):
-                    c = rand_below(state, n)
+            if pools[a, j] >= 0:
+                stamp[pools[a, j]] = a
+        for j in range(m):
+            if pools[a, j] >= 0:
+                continue
+            v = -1
+            for _ in range(64):
+                c = rand_below(state, n)
+                if stamp[c] != a:
+                    v = c
+                    break
+            if v < 0:
+                off = rand_below(state, n)
+                for i in range(n):
+                    c = (off + i) % n
                     if stamp[c] != a:
                         v = c
                         break
-                if v < 0:
-                    off = rand_below(state, n)
-                    for i in range(n):
-                        c = (off + i) % n
-                        if stamp[c] != a:
-                            v = c
-                            break
-                pools[a, j] = v
+            pools[a, j] = v
             stamp[v] = a
+
+
+def _uniform_share(n: int, m: int, g: int) -> float:
+    """Probability that a dealt slot becomes a uniform draw (module docstring).
+
+    Per round, the number of pools holding item j changes by -Bernoulli(p)
+    (its dealt slot replaced) and +~Poisson(p) (uniform hits): variance
+    p(2 - p). The target is the independent scheme's M(1 - M/N)/g^2 over
+    M/g rounds, less the variance a partial last round (M % g slots) adds.
+    """
+    width = (m % g) / g
+    target = m * (1.0 - m / n) / (g * g) - width * (1.0 - width)
+    ratio = min(1.0, max(0.0, target / (m / g)))
+    return float(1.0 - np.sqrt(1.0 - ratio))
+
+
+def candidate_pools(num_items: int, candidates: int, group_size: int,
+                    seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate pools of the proximity graph (balanced design, see the module docstring).
+
+    Returns:
+        members: int64 [G, g], the items of each group (-1 pads the last group);
+        pools: int32 (int64 if N >= 2**31) [G, M], the group's M distinct
+        candidates, none of them a member of the group.
+    """
+    n, g = num_items, group_size
+    n_groups = -(-n // g)
+    if -(-candidates // g) > n_groups - 1:
+        g = 1  # too few groups for distinct offsets: independent pools
+        n_groups = n
+    order = _rng.permutation(n, _rng.derive_seed(seed, 0x6709))
+    members = np.full(n_groups * g, -1, np.int64)
+    members[:n] = order
+    members = members.reshape(n_groups, g)
+    pools = np.empty((n_groups, candidates), np.int32 if n < 2**31 else np.int64)
+    _balanced_pools(order, candidates, g, _uniform_share(n, candidates, g),
+                    np.uint64(_rng.derive_seed(seed, 0x9001)), pools)
+    return members, pools
 
 
 def _check_graph_args(x: np.ndarray, candidates: int, neighbors: int) -> None:
@@ -141,7 +191,8 @@ def proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 100
         neighbors: K, neighbours kept per item.
         seed: seed of the candidate draws; same inputs and seed give the same graph.
         group_size: items sharing one candidate pool (see the module docstring);
-            default ``min(32, M // 16)``; 1 gives fully independent pools.
+            default: the largest divisor of M up to ``min(32, M // 16)`` (25 for
+            M = 1000); 1 gives fully independent pools.
 
     Returns:
         int64 tensor [N, K]; row i holds i's neighbours by decreasing similarity.
@@ -157,15 +208,8 @@ def proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 100
     g = default_group_size(candidates, n) if group_size is None else check_int(
         group_size, "group_size", low=1, high=max(1, n - candidates))
 
-    order = _rng.permutation(n, _rng.derive_seed(seed, 0x6709))
-    n_groups = -(-n // g)
-    members = np.full(n_groups * g, -1, np.int64)
-    members[:n] = order
-    members = members.reshape(n_groups, g)
-    pools = np.empty((n_groups, candidates), np.int32 if n < 2**31 else np.int64)
-    n_rounds = -(-candidates // g)
-    n_iid = int(round(n_rounds / g))
-    _balanced_pools(n, candidates, members, n_iid, _rng.derive_seed(seed, 0x9001), pools)
+    members, pools = candidate_pools(n, candidates, g, seed)
+    n_groups, g = members.shape
 
     emb = torch.from_numpy(x)
     members_t = torch.from_numpy(members)

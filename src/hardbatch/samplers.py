@@ -36,7 +36,6 @@ from ._validation import check_int, num_items_of
 from .embeddings import EmbeddingSource, read_embeddings, source_num_items
 from .gcbs import gcbs_permutation
 from .graph import knn_graph, proximity_graph
-from .schedules import restart_value
 from .walks import WALKS, WalkState, default_patience, prepare_graph
 
 __all__ = ["UniformBatchSampler", "KNNBatchSampler", "ProximityGraphSampler", "GCBSSampler"]
@@ -319,6 +318,7 @@ class _GraphWalkSampler(_PlanSampler):
         self._patience = patience
         self._graph: np.ndarray | None = None
         self._deg: np.ndarray | None = None
+        self._graph_step = -1
         self._walk_state: WalkState | None = None
         self.last_refresh_seconds = 0.0
         self.refreshes = 0
@@ -327,7 +327,7 @@ class _GraphWalkSampler(_PlanSampler):
         raise NotImplementedError
 
     def refresh(self, global_step: int = 0) -> None:
-        """Re-read the embedding source and rebuild the graph now."""
+        """Re-read the embedding source and rebuild the graph (as scheduled at ``global_step``)."""
         t0 = time.perf_counter()
         x = self._first if self._first is not None else read_embeddings(self.source)
         self._first = None
@@ -357,18 +357,30 @@ class _GraphWalkSampler(_PlanSampler):
         if fresh or self._walk_state is None:
             self._walk_state = WalkState(self.num_items, self.seed, self.epoch)
 
-    def _restart_at(self, global_step: int) -> float:
-        planned = None if self.epochs is None else self.epochs * len(self)
-        return restart_value(self.restart, global_step, planned)
+    def _restart_at(self, epoch: int, index: int) -> float:
+        """Alpha for global plan batch ``index`` of ``epoch``.
+
+        Progress is plan batches over planned ones (``epochs * ceil(N/B)``), the
+        same for any world size; with ``LinearDecay(total_steps=T)`` it is
+        steps of this rank over T.
+        """
+        if isinstance(self.restart, (int, float)):
+            return float(self.restart)
+        total_steps = getattr(self.restart, "total_steps", None)
+        if total_steps:
+            return float(self.restart((epoch * len(self) + index // self.world_size) / total_steps))
+        per_epoch = self.batches_per_epoch
+        return float(self.restart((epoch * per_epoch + index) / (self.epochs * per_epoch)))
 
     def _generate(self, index: int, global_step: int) -> np.ndarray:
-        due = (self.refresh_every is not None and global_step % self.refresh_every == 0
-               and index % self.world_size == 0 and getattr(self, "_graph_step", -1) != global_step)
-        if self._graph is None or due:
-            self.refresh(global_step)
+        # The graph in use at step s is the one scheduled at the last multiple of refresh_every,
+        # so a sampler started at any epoch builds the same graph (for the same embeddings).
+        due = 0 if self.refresh_every is None else global_step - global_step % self.refresh_every
+        if self._graph is None or self._graph_step != due:
+            self.refresh(due)
         patience = self._patience or default_patience(self._graph.shape[1])
         seeds = np.array([_rng.derive_seed(self.seed, self.epoch, index, 0xB)], np.uint64)
-        restarts = np.array([self._restart_at(global_step)])
+        restarts = np.array([self._restart_at(self.epoch, index)])
         return self._walk_state.walk(self._graph, self._deg, self.batch_size, WALKS[self.walk],
                                      restarts, seeds, patience)[0]
 

@@ -31,14 +31,3 @@ class LinearDecay:
         """Alpha at ``progress`` in [0, 1] (clipped)."""
         p = min(1.0, max(0.0, float(progress)))
         return float(self.start + (self.end - self.start) * p)
-
-
-def restart_value(schedule, step: int, planned_steps: int | None) -> float:
-    """Alpha for a float or a schedule at ``step`` of ``planned_steps``."""
-    if isinstance(schedule, (int, float)):
-        return float(schedule)
-    total = getattr(schedule, "total_steps", None) or planned_steps
-    if not total:
-        raise ValueError("restart is a schedule but the number of planned steps is unknown: "
-                         "pass epochs=... to the sampler or total_steps=... to the schedule")
-    return float(schedule(step / total))

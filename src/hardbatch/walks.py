@@ -24,8 +24,13 @@ walk then continues from a fresh start node not yet in the batch:
 - BFS / DFS: as soon as the queue / stack is empty;
 - RW: at a node without neighbours;
 - RWR / RW: after ``patience`` consecutive steps that add no new item
-  (default ``max(100, 10 * K)``), the sign that the reachable set is
-  exhausted.
+  (default ``max(100, 10 * K)``), a breadth-first search from the walk's
+  root (the start node for RWR, the current node for RW) checks whether any
+  item outside the batch is still reachable. If none is, the walk jumps; if
+  one is, the walk goes on with doubled patience, up to 1024 times the
+  initial patience, after which it jumps anyway. Walks therefore follow
+  Algorithm 3 exactly unless their reachable set is exhausted (or an item
+  takes over ~10^5 idle steps to reach).
 
 Each fresh start adds one item, so a batch needs at most B starts and every
 call terminates. Start nodes are taken from a per-epoch random order of the
@@ -106,10 +111,35 @@ def _fresh_start(seen, start_order, ptr, stamp, stamp_id, state):
 
 
 @njit(cache=True)
+def _reachable_new(neighbors, deg, root, stamp, sid, mark, mark_id, queue):
+    """True if some item not in the batch (stamp != sid) is reachable from ``root``."""
+    head = 0
+    tail = 1
+    queue[0] = root
+    mark[root] = mark_id
+    while head < tail:
+        v = queue[head]
+        head += 1
+        for j in range(deg[v]):
+            w = neighbors[v, j]
+            if stamp[w] != sid:
+                return True
+            if mark[w] != mark_id:
+                mark[w] = mark_id
+                queue[tail] = w
+                tail += 1
+    return False
+
+
+@njit(cache=True)
 def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
-               seen, start_order, ptr, stamp, stamp_base, out):
-    """Fill ``out[b]`` (b < len(seeds)) with one walk batch each; updates ``seen`` and ``ptr``."""
+               seen, start_order, ptr, stamp, stamp_base, first, mark, mark_next, out):
+    """Fill ``out[b]`` (b < len(seeds)) with one walk batch each; updates ``seen`` and ``ptr``.
+
+    ``first[b] >= 0`` fixes the start node of batch b; -1 draws it.
+    """
     state = np.empty(1, np.uint64)
+    queue = np.empty(0, np.int64)
     stack_node = np.empty(batch_size, np.int64)
     stack_pos = np.empty(batch_size, np.int64)
     stack_off = np.empty(batch_size, np.int64)
@@ -118,7 +148,7 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
         sid = stamp_base + b
         alpha = restarts[b]
         count = 0
-        u = _fresh_start(seen, start_order, ptr, stamp, sid, state)
+        u = first[b] if first[b] >= 0 else _fresh_start(seen, start_order, ptr, stamp, sid, state)
         out[b, count] = u
         stamp[u] = sid
         seen[u] = 1
@@ -126,6 +156,7 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
         if kind <= 1:  # rwr / rw
             v = u
             idle = 0
+            cur_patience = patience
             while count < batch_size:
                 jump = False
                 if kind == 0 and rand_unit(state) < alpha:
@@ -145,7 +176,20 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                     idle = 0
                     continue
                 idle += 1
-                if jump or idle > patience:
+                if not jump and idle > cur_patience:
+                    if cur_patience < 1024 * patience:
+                        if queue.shape[0] == 0:
+                            queue = np.empty(neighbors.shape[0], np.int64)
+                        mark_next[0] += 1
+                        root = u if kind == 0 else v
+                        if _reachable_new(neighbors, deg, root, stamp, sid, mark, mark_next[0],
+                                          queue):
+                            cur_patience *= 2
+                            idle = 0
+                            continue
+                    jump = True
+                if jump:
+                    cur_patience = patience
                     u = _fresh_start(seen, start_order, ptr, stamp, sid, state)
                     out[b, count] = u
                     stamp[u] = sid
@@ -222,6 +266,8 @@ class WalkState:
         self.seen = np.zeros(num_items, np.uint8)
         self._stamp = np.full(num_items, -1, np.int64)
         self._stamp_next = 0
+        self._mark = np.full(num_items, -1, np.int64)
+        self._mark_next = np.zeros(1, np.int64)
 
     @property
     def coverage(self) -> float:
@@ -235,12 +281,16 @@ class WalkState:
         self.seen[:] = np.unpackbits(np.asarray(state["seen"], np.uint8))[: self.num_items]
 
     def walk(self, neighbors: np.ndarray, deg: np.ndarray, batch_size: int, kind: int,
-             restarts: np.ndarray, seeds: np.ndarray, patience: int) -> np.ndarray:
+             restarts: np.ndarray, seeds: np.ndarray, patience: int,
+             starts: np.ndarray | None = None) -> np.ndarray:
         """Run ``len(seeds)`` walks; returns int64 [len(seeds), batch_size]."""
         out = np.empty((len(seeds), batch_size), np.int64)
+        first = np.full(len(seeds), -1, np.int64) if starts is None else np.ascontiguousarray(
+            starts, np.int64)
         _walk_many(neighbors, deg, batch_size, kind, np.ascontiguousarray(restarts, np.float64),
                    np.ascontiguousarray(seeds, np.uint64), patience, self.seen, self.start_order,
-                   self.ptr, self._stamp, self._stamp_next, out)
+                   self.ptr, self._stamp, self._stamp_next, first, self._mark, self._mark_next,
+                   out)
         self._stamp_next += len(seeds)
         return out
 
@@ -267,7 +317,7 @@ def default_patience(num_neighbors: int) -> int:
 
 def walk_batches(neighbors: torch.Tensor | np.ndarray, batch_size: int, num_batches: int = 1, *,
                  walk: WalkKind = "rwr", restart: float = 0.2, seed: int = 0,
-                 patience: int | None = None) -> torch.Tensor:
+                 patience: int | None = None, starts=None) -> torch.Tensor:
     """Collect ``num_batches`` batches of ``batch_size`` distinct items by walking a graph.
 
     Args:
@@ -279,6 +329,8 @@ def walk_batches(neighbors: torch.Tensor | np.ndarray, batch_size: int, num_batc
         restart: restart probability alpha in [0, 1] for ``"rwr"``.
         seed: stream seed; the same inputs and seed give the same batches.
         patience: steps without a new item before an RWR/RW walk restarts elsewhere.
+        starts: optional int [num_batches] start node of each batch (default: drawn
+            from items not yet drawn by this call).
 
     Returns:
         int64 tensor [num_batches, batch_size]; each row holds distinct ids.
@@ -297,8 +349,14 @@ def walk_batches(neighbors: torch.Tensor | np.ndarray, batch_size: int, num_batc
         raise ValueError(f"restart={restart} must lie in [0, 1]")
     patience = default_patience(table.shape[1]) if patience is None else check_int(
         patience, "patience", low=1)
+    if starts is not None:
+        starts = np.asarray(starts.cpu() if isinstance(starts, torch.Tensor) else starts)
+        if starts.shape != (num_batches,) or not np.issubdtype(starts.dtype, np.integer):
+            raise ValueError(f"starts must be {num_batches} integer item ids, one per batch")
+        if starts.size and (starts.min() < 0 or starts.max() >= n):
+            raise ValueError(f"starts must be item ids in [0, {n})")
     state = WalkState(n, seed, 0)
     seeds = np.array([_rng.derive_seed(seed, 0, i) for i in range(num_batches)], np.uint64)
     out = state.walk(table, deg, batch_size, WALKS[walk], np.full(num_batches, restart), seeds,
-                     patience)
+                     patience, starts)
     return torch.from_numpy(out)

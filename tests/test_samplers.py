@@ -1,0 +1,310 @@
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import hardbatch as hb
+
+from conftest import unit_rows
+
+N, B = 1000, 64
+
+
+@pytest.fixture(scope="module")
+def emb():
+    return unit_rows(np.random.default_rng(0), N, 16)
+
+
+def make(kind, emb, refresh_every=5, **kw):
+    if kind == "uniform":
+        return hb.UniformBatchSampler(N, B, **kw)
+    if kind == "knn":
+        return hb.KNNBatchSampler(emb, B, refresh_every=refresh_every, **kw)
+    if kind == "proximity":
+        return hb.ProximityGraphSampler(emb, B, candidates=200, neighbors=20,
+                                        refresh_every=refresh_every, **kw)
+    if kind == "proximity_decay":
+        return hb.ProximityGraphSampler(emb, B, candidates=200, neighbors=20,
+                                        refresh_every=refresh_every,
+                                        restart=hb.LinearDecay(0.2, 0.05), epochs=3, **kw)
+    if kind in ("bfs", "dfs", "rw"):
+        return hb.ProximityGraphSampler(emb, B, candidates=200, neighbors=20, walk=kind, **kw)
+    if kind == "knn_graph":
+        return hb.ProximityGraphSampler(emb, B, neighbors=20, graph="knn", **kw)
+    if kind == "gcbs":
+        return hb.GCBSSampler(emb, B, quantile=0.99, **kw)
+    raise AssertionError(kind)
+
+
+KINDS = ["uniform", "knn", "proximity", "proximity_decay", "bfs", "dfs", "rw", "knn_graph", "gcbs"]
+PARTITIONS = {"uniform", "gcbs"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_epoch_contract(kind, emb, drop_last):
+    s = make(kind, emb, drop_last=drop_last)
+    batches = list(s)
+    expected = N // B if drop_last else math.ceil(N / B)
+    assert len(s) == len(batches) == expected
+    for i, batch in enumerate(batches):
+        assert isinstance(batch, list) and all(isinstance(v, int) for v in batch)
+        assert len(set(batch)) == len(batch)
+        assert min(batch) >= 0 and max(batch) < N
+        short_ok = kind in PARTITIONS and not drop_last and i == len(batches) - 1
+        assert len(batch) == B or (short_ok and len(batch) == N % B)
+    if kind in PARTITIONS:
+        drawn = sorted(itertools.chain.from_iterable(batches))
+        if drop_last:
+            assert len(set(drawn)) == len(drawn) == N - N % B
+        else:
+            assert drawn == list(range(N))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dataloader_integration(kind, emb):
+    ds = TensorDataset(torch.arange(N), torch.from_numpy(emb))
+    s = make(kind, emb)
+    loader = DataLoader(ds, batch_sampler=s)
+    first = next(iter(loader))
+    assert first[0].shape[0] == B
+    assert len(loader) == len(s)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_deterministic_and_epoch_dependent(kind, emb):
+    a, b = make(kind, emb, seed=3), make(kind, emb, seed=3)
+    ea, eb = list(a), list(b)
+    assert ea == eb
+    assert a.epoch == 1  # iteration advanced the epoch
+    assert list(a) != ea  # epoch 1 differs from epoch 0
+    b.set_epoch(1)
+    a.set_epoch(1)
+    assert list(a) == list(b)
+    assert list(make(kind, emb, seed=4)) != ea
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cut", [0, 3, 9])
+def test_resume_mid_epoch_yields_exactly_the_rest(kind, emb, cut):
+    ref_sampler = make(kind, emb, seed=1)
+    reference = list(ref_sampler) + list(ref_sampler)  # two epochs uninterrupted
+    s = make(kind, emb, seed=1)
+    it = iter(s)
+    head = [next(it) for _ in range(cut)]
+    state = s.state_dict()
+    fresh = make(kind, emb, seed=1)
+    fresh.load_state_dict(state)
+    rest = list(fresh)
+    assert head + rest == reference[:len(s)]
+    assert list(fresh) == reference[len(s):]  # the following epoch continues identically
+
+
+@pytest.mark.parametrize("kind", ["proximity", "gcbs", "uniform"])
+def test_resume_with_prefetching_loader(kind, emb):
+    # A loader that ran 4 batches ahead: state_dict(consumed=...) rewinds to what was trained.
+    reference = list(make(kind, emb, seed=2))
+    s = make(kind, emb, seed=2)
+    it = iter(s)
+    for _ in range(7):
+        next(it)
+    state = s.state_dict(consumed=3)
+    fresh = make(kind, emb, seed=2)
+    fresh.load_state_dict(state)
+    assert list(fresh) == reference[3:]
+    with pytest.raises(ValueError, match="consumed=8 must be between"):
+        s.state_dict(consumed=8)
+
+
+def test_resume_at_epoch_boundary_keeps_graph(emb):
+    # refresh_every larger than an epoch: the graph built in epoch 0 is reused in epoch 1.
+    ref = hb.ProximityGraphSampler(emb, B, 200, 20, refresh_every=1000, seed=5)
+    reference = [list(ref), list(ref)]
+    assert ref.refreshes == 1
+    s = hb.ProximityGraphSampler(emb, B, 200, 20, refresh_every=1000, seed=5)
+    assert list(s) == reference[0]
+    state = s.state_dict()
+    fresh = hb.ProximityGraphSampler(emb, B, 200, 20, refresh_every=1000, seed=5)
+    fresh.load_state_dict(state)
+    assert list(fresh) == reference[1]
+    assert fresh.refreshes == 0
+
+
+def test_state_dict_mismatch_rejected(emb):
+    state = make("proximity", emb).state_dict()
+    other = hb.ProximityGraphSampler(emb, 32, 200, 20)
+    with pytest.raises(ValueError, match="batch_size=64 but this sampler has batch_size=32"):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_distributed_ranks_share_plan_and_take_disjoint_batches(kind, emb, world_size):
+    # refresh_every counts each rank's steps, so compare with graphs built once
+    single = list(make(kind, emb, refresh_every=None, seed=7, rank=0, world_size=1))
+    per_rank = [list(make(kind, emb, refresh_every=None, seed=7, rank=r, world_size=world_size))
+                for r in range(world_size)]
+    steps = math.ceil(math.ceil(N / B) / world_size)
+    assert all(len(p) == steps for p in per_rank)
+    interleaved = [per_rank[r][s] for s in range(steps) for r in range(world_size)]
+    # the first ceil(N/B) plan batches are the single-process plan, in order
+    assert interleaved[:len(single)] == single
+    for s in range(steps):
+        assert len({tuple(p[s]) for p in per_rank}) == world_size  # distinct batches per step
+
+
+def test_distributed_defaults_from_torch_distributed(emb, monkeypatch):
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 4)
+    s = hb.UniformBatchSampler(N, B)
+    assert (s.rank, s.world_size) == (1, 4)
+    assert len(s) == math.ceil(math.ceil(N / B) / 4)
+
+
+def test_refresh_reads_bank_every_t_steps(emb):
+    bank = hb.EmbeddingBank(N, 16, seed=0)
+    s = hb.ProximityGraphSampler(bank, B, 200, 20, refresh_every=4)
+    graphs = []
+    for step, batch in enumerate(s):
+        if step % 4 == 0:
+            graphs.append(s.graph.clone())
+        bank.update(batch, torch.from_numpy(emb[batch]))
+    assert s.refreshes == math.ceil(len(s) / 4)
+    # after the bank holds the real embeddings, the graph follows them
+    x = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    sims_first = np.einsum("nd,nkd->nk", x, x[graphs[0].numpy()]).mean()
+    sims_last = np.einsum("nd,nkd->nk", x, x[graphs[-1].numpy()]).mean()
+    assert sims_last > sims_first + 0.1
+
+
+def test_refresh_counts_steps_across_epochs(emb):
+    s = hb.ProximityGraphSampler(emb, B, 200, 20, refresh_every=10)  # 16 steps per epoch
+    for _ in range(3):
+        list(s)
+    assert s.refreshes == math.ceil(3 * 16 / 10)
+    once = hb.ProximityGraphSampler(emb, B, 200, 20, refresh_every=None)
+    list(once), list(once)
+    assert once.refreshes == 1
+
+
+def test_callable_source_called_once_at_construction_then_per_refresh(emb):
+    calls = []
+
+    def encode():
+        calls.append(1)
+        return torch.from_numpy(emb)
+
+    s = hb.ProximityGraphSampler(encode, B, 200, 20, refresh_every=8)
+    assert len(calls) == 1 and len(s) == math.ceil(N / B)
+    list(s)
+    assert len(calls) == 2  # the first build reused the construction call; one refresh at step 8
+
+
+def test_linear_decay_schedule_progress(emb):
+    s = hb.ProximityGraphSampler(emb, B, 200, 20, restart=hb.LinearDecay(0.2, 0.05), epochs=2)
+    assert s._restart_at(0, 0) == pytest.approx(0.2)
+    assert s._restart_at(1, 0) == pytest.approx(0.125)
+    assert s._restart_at(1, len(s)) == pytest.approx(0.05)
+    sched = hb.LinearDecay(0.2, 0.05, total_steps=10)
+    s2 = hb.ProximityGraphSampler(emb, B, 200, 20, restart=sched)
+    assert s2._restart_at(0, 5) == pytest.approx(0.125)
+    with pytest.raises(ValueError, match="pass epochs=.* or total_steps"):
+        hb.ProximityGraphSampler(emb, B, 200, 20, restart=hb.LinearDecay())
+    with pytest.raises(ValueError, match="start=1.5 must lie in"):
+        hb.LinearDecay(1.5, 0.1)
+
+
+def test_coverage_and_fresh_starts(emb):
+    s = hb.ProximityGraphSampler(emb, B, 200, 20, restart=0.2)
+    seen = set()
+    for batch in s:
+        if len(seen) < N:
+            assert batch[0] not in seen  # start node drawn from unseen items
+        seen.update(batch)
+        assert s.coverage == pytest.approx(len(seen) / N)
+
+
+def test_knn_sampler_is_anchor_plus_nearest(emb):
+    s = hb.KNNBatchSampler(emb, 32)
+    x = emb.astype(np.float64)
+    for batch in itertools.islice(s, 5):
+        sims = x @ x[batch[0]]
+        sims[batch[0]] = -np.inf
+        assert set(batch[1:]) == set(np.argsort(-sims)[:31].tolist())
+
+
+def test_gcbs_sampler_batches_follow_permutation(emb):
+    s = hb.GCBSSampler(emb, B, quantile=0.99, seed=0)
+    batches = list(s)
+    perm = hb.gcbs_permutation(emb, 0.99, seed=hb._rng.derive_seed(0, 0) & 0x7FFFFFFF)
+    assert list(itertools.chain.from_iterable(batches)) == perm.tolist()
+    shuffled = hb.GCBSSampler(emb, B, quantile=0.99, seed=0, shuffle_batches=True)
+    assert sorted(map(tuple, list(shuffled))) == sorted(map(tuple, batches))
+
+
+def test_gcbs_sampler_paired_source(emb):
+    y = emb + 0.05 * unit_rows(np.random.default_rng(9), N, 16)
+    s = hb.GCBSSampler(emb, B, quantile=0.99, paired=y)
+    assert sorted(itertools.chain.from_iterable(s)) == list(range(N))
+    with pytest.raises(ValueError, match="paired has shape"):
+        list(hb.GCBSSampler(emb, B, paired=y[:10]))
+
+
+@pytest.mark.parametrize("factory,match", [
+    (lambda e: hb.UniformBatchSampler(10, 11), "batch_size=11 is larger than the number of items N=10"),
+    (lambda e: hb.UniformBatchSampler([], 1), "has no items"),
+    (lambda e: hb.UniformBatchSampler(10, 0), "batch_size=0 must be >= 1"),
+    (lambda e: hb.UniformBatchSampler(10, 2, rank=2, world_size=2), "rank=2 must be smaller"),
+    (lambda e: hb.ProximityGraphSampler(e, B, candidates=100, neighbors=100), "neighbors=100 must be smaller than candidates=100"),
+    (lambda e: hb.ProximityGraphSampler(e, B, candidates=N, neighbors=10), "candidates=1000 must be smaller than the number of items N=1000"),
+    (lambda e: hb.ProximityGraphSampler(e, N + 1), "batch_size=1001 is larger"),
+    (lambda e: hb.ProximityGraphSampler(e, B, 200, 20, walk="levy"), "walk='levy' must be one of"),
+    (lambda e: hb.ProximityGraphSampler(e, B, 200, 20, graph="hnsw"), "graph='hnsw' must be"),
+    (lambda e: hb.ProximityGraphSampler(e, B, 200, 20, restart=-0.1), "restart=-0.1 must lie in"),
+    (lambda e: hb.ProximityGraphSampler(e, B, 200, 20, refresh_every=0), "refresh_every=0 must be >= 1"),
+    (lambda e: hb.KNNBatchSampler(e, N), "must be smaller than N"),
+    (lambda e: hb.GCBSSampler(e, B, quantile=1.0), "quantile=1.0 must lie strictly between"),
+    (lambda e: hb.GCBSSampler(e, B, method="annoy"), "method='annoy'"),
+    (lambda e: hb.ProximityGraphSampler(np.full((20, 3), np.nan), 4, 10, 5), "NaN or inf"),
+    (lambda e: hb.ProximityGraphSampler(e[0], 4, 10, 5), "2-D"),
+    (lambda e: hb.GCBSSampler(np.zeros((0, 3)), 4), "empty"),
+])
+def test_bad_input_raises_clear_errors(emb, factory, match):
+    with pytest.raises(ValueError, match=match):
+        factory(emb)
+
+
+def test_source_that_turns_nan_is_reported(emb):
+    bank = hb.EmbeddingBank(N, 16)
+    s = hb.ProximityGraphSampler(bank, B, 200, 20, refresh_every=2)
+    it = iter(s)
+    next(it)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        bank.update([0], torch.full((1, 16), float("nan")))
+    bank.embeddings[3, 0] = float("inf")
+    next(it)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        next(it)
+
+
+def test_embedding_bank(emb):
+    bank = hb.EmbeddingBank(10, 4, seed=1)
+    assert bank.filled == 0.0 and (bank.staleness() == -1).all()
+    bank.update([1, 2], torch.ones(2, 4))
+    bank.update(torch.tensor([2]), torch.zeros(1, 4))
+    assert bank.filled == 0.2
+    assert bank.staleness()[1] == 2 and bank.staleness()[2] == 1 and bank.staleness()[0] == -1
+    assert torch.equal(bank.embeddings[2], torch.zeros(4))
+    other = hb.EmbeddingBank(10, 4, seed=2)
+    other.load_state_dict(bank.state_dict())
+    assert torch.equal(other.embeddings, bank.embeddings) and other.step == 2
+    with pytest.raises(ValueError, match="shape \\[b, 4\\]"):
+        bank.update([1], torch.ones(1, 5))
+    with pytest.raises(ValueError, match="one index per row"):
+        bank.update([1, 2, 3], torch.ones(2, 4))
+    with pytest.raises(ValueError, match="indices must lie in"):
+        bank.update([10], torch.ones(1, 4))
