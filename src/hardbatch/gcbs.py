@@ -98,7 +98,7 @@ def _ivf_pairs(x: np.ndarray, y: np.ndarray, threshold: float, nlist: int | None
     index.add(y)
     index.nprobe = min(nprobe, nlist)
     lims, _, ids = index.range_search(x, threshold)
-    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(lims))
+    rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(lims.astype(np.int64)))
     cols = ids.astype(np.int64)
     keep = rows != cols
     return rows[keep], cols[keep]

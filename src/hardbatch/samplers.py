@@ -289,64 +289,60 @@ class GCBSSampler(_PlanSampler):
         return 1.0
 
 
-class _GraphWalkSampler(_PlanSampler):
-    """Base of samplers that walk a neighbour graph rebuilt from the embedding source."""
+class _RefreshingSampler(_PlanSampler):
+    """Base of samplers that rebuild a structure (a graph, an embedding snapshot) from a source.
 
-    def __init__(self, embeddings: EmbeddingSource, batch_size: int, *, walk: str,
-                 restart, refresh_every: int | None, epochs: int | None, drop_last: bool,
-                 seed: int, normalize: bool, patience: int | None, rank: int | None,
-                 world_size: int | None) -> None:
+    The structure in use at step s is the one scheduled at the last multiple of
+    ``refresh_every`` (counted over the whole run, per rank), so a sampler
+    started at any epoch builds the same structure for the same embeddings.
+    Start nodes / anchors come from a per-epoch :class:`WalkState`.
+    """
+
+    def __init__(self, embeddings: EmbeddingSource, batch_size: int, *,
+                 refresh_every: int | None, drop_last: bool, seed: int, normalize: bool,
+                 rank: int | None, world_size: int | None) -> None:
         n, self._first = source_num_items(embeddings)
         super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
                          world_size=world_size)
-        if walk not in WALKS:
-            raise ValueError(f"walk={walk!r} must be one of {sorted(WALKS)}")
-        if isinstance(restart, (int, float)):
-            if not 0.0 <= float(restart) <= 1.0:
-                raise ValueError(f"restart={restart} must lie in [0, 1] (or be a schedule such "
-                                 "as LinearDecay(0.2, 0.05))")
-        elif not callable(restart):
-            raise ValueError(f"restart must be a float in [0, 1] or a schedule, got {restart!r}")
-        elif getattr(restart, "total_steps", None) is None and epochs is None:
-            raise ValueError("restart is a schedule: pass epochs=... (training length) to the "
-                             "sampler, or total_steps=... to the schedule")
         self.refresh_every = None if refresh_every is None else check_int(
             refresh_every, "refresh_every", low=1)
-        self.epochs = None if epochs is None else check_int(epochs, "epochs", low=1)
         self.source = embeddings
-        self.walk, self.restart, self.normalize = walk, restart, bool(normalize)
-        self._patience = patience
-        self._graph: np.ndarray | None = None
-        self._deg: np.ndarray | None = None
-        self._graph_step = -1
+        self.normalize = bool(normalize)
+        self._built_step = -1
         self._walk_state: WalkState | None = None
         self.last_refresh_seconds = 0.0
         self.refreshes = 0
 
-    def _build_graph(self, x: np.ndarray, build_index: int) -> torch.Tensor:
+    # -- subclass hooks ------------------------------------------------
+    def _rebuild(self, x: np.ndarray, seed: int) -> None:
         raise NotImplementedError
 
+    def _draw(self, index: int, seed: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _payload(self) -> dict:
+        """The built structure, for checkpoints ({} before the first build)."""
+        raise NotImplementedError
+
+    def _load_payload(self, state: dict) -> None:
+        raise NotImplementedError
+
+    # -- shared machinery ----------------------------------------------
     def refresh(self, global_step: int = 0) -> None:
-        """Re-read the embedding source and rebuild the graph (as scheduled at ``global_step``)."""
+        """Re-read the embedding source and rebuild (as scheduled at ``global_step``)."""
         t0 = time.perf_counter()
         x = self._first if self._first is not None else read_embeddings(self.source)
         self._first = None
-        if self.normalize:
-            x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
         if x.shape[0] != self.num_items:
             raise ValueError(f"the embedding source now has {x.shape[0]} items, the sampler was "
                              f"built for {self.num_items}")
-        graph = self._build_graph(np.ascontiguousarray(x, np.float32),
-                                  _rng.derive_seed(self.seed, global_step, 0x6A))
-        self._graph, self._deg = prepare_graph(graph, self.num_items)
-        self._graph_step = global_step
+        if self.normalize:
+            x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        self._rebuild(np.ascontiguousarray(x, np.float32),
+                      _rng.derive_seed(self.seed, global_step, 0x6A))
+        self._built_step = global_step
         self.refreshes += 1
         self.last_refresh_seconds = time.perf_counter() - t0
-
-    @property
-    def graph(self) -> torch.Tensor | None:
-        """The current neighbour table [N, K] (None before the first batch)."""
-        return None if self._graph is None else torch.from_numpy(self._graph)
 
     @property
     def coverage(self) -> float:
@@ -357,39 +353,16 @@ class _GraphWalkSampler(_PlanSampler):
         if fresh or self._walk_state is None:
             self._walk_state = WalkState(self.num_items, self.seed, self.epoch)
 
-    def _restart_at(self, epoch: int, index: int) -> float:
-        """Alpha for global plan batch ``index`` of ``epoch``.
-
-        Progress is plan batches over planned ones (``epochs * ceil(N/B)``), the
-        same for any world size; with ``LinearDecay(total_steps=T)`` it is
-        steps of this rank over T.
-        """
-        if isinstance(self.restart, (int, float)):
-            return float(self.restart)
-        total_steps = getattr(self.restart, "total_steps", None)
-        if total_steps:
-            return float(self.restart((epoch * len(self) + index // self.world_size) / total_steps))
-        per_epoch = self.batches_per_epoch
-        return float(self.restart((epoch * per_epoch + index) / (self.epochs * per_epoch)))
-
     def _generate(self, index: int, global_step: int) -> np.ndarray:
-        # The graph in use at step s is the one scheduled at the last multiple of refresh_every,
-        # so a sampler started at any epoch builds the same graph (for the same embeddings).
         due = 0 if self.refresh_every is None else global_step - global_step % self.refresh_every
-        if self._graph is None or self._graph_step != due:
+        if self._built_step != due:
             self.refresh(due)
-        patience = self._patience or default_patience(self._graph.shape[1])
-        seeds = np.array([_rng.derive_seed(self.seed, self.epoch, index, 0xB)], np.uint64)
-        restarts = np.array([self._restart_at(self.epoch, index)])
-        return self._walk_state.walk(self._graph, self._deg, self.batch_size, WALKS[self.walk],
-                                     restarts, seeds, patience)[0]
+        return self._draw(index, _rng.derive_seed(self.seed, self.epoch, index, 0xB))
 
     def _generator_state(self, mid_epoch: bool) -> dict:
-        state = {}
-        if self._graph is not None:  # the graph outlives epochs until its next refresh
-            state["graph"] = torch.from_numpy(self._graph.astype(
-                np.int32 if self.num_items < 2**31 else np.int64))
-            state["graph_step"] = self._graph_step
+        state = dict(self._payload())  # the structure outlives epochs until its next refresh
+        if state:
+            state["built_step"] = self._built_step
         if mid_epoch:
             state["walk"] = self._walk_state.state_dict()
         return state
@@ -399,14 +372,13 @@ class _GraphWalkSampler(_PlanSampler):
         if "walk" in state:
             self._walk_state = WalkState(self.num_items, self.seed, self.epoch)
             self._walk_state.load_state_dict(state["walk"])
-        if "graph" in state:
-            self._graph, self._deg = prepare_graph(np.asarray(state["graph"], np.int64),
-                                                   self.num_items)
-            self._graph_step = int(state["graph_step"])
+        if "built_step" in state:
+            self._load_payload(state)
+            self._built_step = int(state["built_step"])
             self._first = None
 
 
-class ProximityGraphSampler(_GraphWalkSampler):
+class ProximityGraphSampler(_RefreshingSampler):
     """BatchSampler (Yang et al., KDD 2023): batches are walks on a proximity graph.
 
     Every ``refresh_every`` steps the sampler re-reads its embedding source
@@ -441,10 +413,25 @@ class ProximityGraphSampler(_GraphWalkSampler):
                  drop_last: bool = False, seed: int = 0, normalize: bool = True,
                  group_size: int | None = None, patience: int | None = None,
                  rank: int | None = None, world_size: int | None = None) -> None:
-        super().__init__(embeddings, batch_size, walk=walk, restart=restart,
-                         refresh_every=refresh_every, epochs=epochs, drop_last=drop_last,
-                         seed=seed, normalize=normalize, patience=patience, rank=rank,
+        super().__init__(embeddings, batch_size, refresh_every=refresh_every,
+                         drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
                          world_size=world_size)
+        if walk not in WALKS:
+            raise ValueError(f"walk={walk!r} must be one of {sorted(WALKS)}")
+        if isinstance(restart, (int, float)):
+            if not 0.0 <= float(restart) <= 1.0:
+                raise ValueError(f"restart={restart} must lie in [0, 1] (or be a schedule such "
+                                 "as LinearDecay(0.2, 0.05))")
+        elif not callable(restart):
+            raise ValueError(f"restart must be a float in [0, 1] or a schedule, got {restart!r}")
+        elif getattr(restart, "total_steps", None) is None and epochs is None:
+            raise ValueError("restart is a schedule: pass epochs=... (training length) to the "
+                             "sampler, or total_steps=... to the schedule")
+        self.epochs = None if epochs is None else check_int(epochs, "epochs", low=1)
+        self.walk, self.restart = walk, restart
+        self.patience = None if patience is None else check_int(patience, "patience", low=1)
+        self._graph: np.ndarray | None = None
+        self._deg: np.ndarray | None = None
         self.candidates = check_int(candidates, "candidates", low=1)
         self.neighbors = check_int(neighbors, "neighbors", low=1)
         if graph not in ("proximity", "knn"):
@@ -462,24 +449,64 @@ class ProximityGraphSampler(_GraphWalkSampler):
             raise ValueError(f"neighbors={neighbors} must be smaller than N={n}")
         self.group_size = group_size
 
-    def _build_graph(self, x: np.ndarray, build_seed: int) -> torch.Tensor:
+    @property
+    def graph(self) -> torch.Tensor | None:
+        """The current neighbour table [N, K] (None before the first batch)."""
+        return None if self._graph is None else torch.from_numpy(self._graph)
+
+    def _rebuild(self, x: np.ndarray, seed: int) -> None:
         if self.graph_kind == "knn":
-            return knn_graph(x, self.neighbors)
-        return proximity_graph(x, self.candidates, self.neighbors, build_seed,
-                               group_size=self.group_size)
+            graph = knn_graph(x, self.neighbors)
+        else:
+            graph = proximity_graph(x, self.candidates, self.neighbors, seed,
+                                    group_size=self.group_size)
+        self._graph, self._deg = prepare_graph(graph, self.num_items)
+
+    def _restart_at(self, epoch: int, index: int) -> float:
+        """Alpha for global plan batch ``index`` of ``epoch``.
+
+        Progress is plan batches over planned ones (``epochs * ceil(N/B)``), the
+        same for any world size; with ``LinearDecay(total_steps=T)`` it is
+        steps of this rank over T.
+        """
+        if isinstance(self.restart, (int, float)):
+            return float(self.restart)
+        total_steps = getattr(self.restart, "total_steps", None)
+        if total_steps:
+            return float(self.restart((epoch * len(self) + index // self.world_size) / total_steps))
+        per_epoch = self.batches_per_epoch
+        return float(self.restart((epoch * per_epoch + index) / (self.epochs * per_epoch)))
+
+    def _draw(self, index: int, seed: int) -> np.ndarray:
+        patience = self.patience or default_patience(self._graph.shape[1])
+        return self._walk_state.walk(self._graph, self._deg, self.batch_size, WALKS[self.walk],
+                                     np.array([self._restart_at(self.epoch, index)]),
+                                     np.array([seed], np.uint64), patience)[0]
+
+    def _payload(self) -> dict:
+        if self._graph is None:
+            return {}
+        return {"graph": torch.from_numpy(self._graph.astype(
+            np.int32 if self.num_items < 2**31 else np.int64))}
+
+    def _load_payload(self, state: dict) -> None:
+        self._graph, self._deg = prepare_graph(np.asarray(state["graph"], np.int64),
+                                               self.num_items)
 
 
-class KNNBatchSampler(_GraphWalkSampler):
+class KNNBatchSampler(_RefreshingSampler):
     """kNN sampler (the paper's baseline): a random anchor plus its B-1 nearest neighbours.
 
-    Anchors are drawn from items not yet seen this epoch; the exact kNN graph
-    (K = B-1, :func:`hardbatch.knn_graph`) is rebuilt every ``refresh_every``
-    steps. O(N^2 d) per rebuild.
+    Anchors are drawn from items not yet seen this epoch. Every
+    ``refresh_every`` steps the sampler snapshots its embedding source; each
+    batch then costs one [N, d] x [d] product and a top-(B-1) selection
+    (exactly the anchor's row of ``knn_graph(x, B - 1)``, without building the
+    whole graph).
 
     Args:
         embeddings: as for :class:`ProximityGraphSampler`.
         batch_size: B (< N).
-        refresh_every: steps between rebuilds; None builds once.
+        refresh_every: steps between snapshots; None reads the source once.
         normalize, drop_last, seed, rank, world_size: as in every sampler.
     """
 
@@ -487,13 +514,28 @@ class KNNBatchSampler(_GraphWalkSampler):
                  refresh_every: int | None = 100, *, drop_last: bool = False, seed: int = 0,
                  normalize: bool = True, rank: int | None = None,
                  world_size: int | None = None) -> None:
-        super().__init__(embeddings, batch_size, walk="bfs", restart=0.0,
-                         refresh_every=refresh_every, epochs=None, drop_last=drop_last,
-                         seed=seed, normalize=normalize, patience=None, rank=rank,
+        super().__init__(embeddings, batch_size, refresh_every=refresh_every,
+                         drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
                          world_size=world_size)
         if self.batch_size >= self.num_items:
             raise ValueError(f"batch_size={batch_size} must be smaller than N={self.num_items} "
                              "for the kNN sampler (anchor plus B-1 neighbours)")
+        self._snapshot: torch.Tensor | None = None
 
-    def _build_graph(self, x: np.ndarray, build_seed: int) -> torch.Tensor:
-        return knn_graph(x, max(1, self.batch_size - 1))
+    def _rebuild(self, x: np.ndarray, seed: int) -> None:
+        self._snapshot = torch.from_numpy(x)
+
+    def _draw(self, index: int, seed: int) -> np.ndarray:
+        anchor = self._walk_state.next_start(seed)
+        sims = self._snapshot @ self._snapshot[anchor]
+        sims[anchor] = -torch.inf
+        nearest = sims.topk(self.batch_size - 1, sorted=True).indices.numpy()
+        batch = np.concatenate([[anchor], nearest]).astype(np.int64)
+        self._walk_state.seen[batch] = 1
+        return batch
+
+    def _payload(self) -> dict:
+        return {} if self._snapshot is None else {"snapshot": self._snapshot.clone()}
+
+    def _load_payload(self, state: dict) -> None:
+        self._snapshot = torch.as_tensor(state["snapshot"], dtype=torch.float32)

@@ -251,6 +251,11 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                 sp += 1
 
 
+@njit(cache=True)
+def _next_start(seen, start_order, ptr, stamp, stamp_id, state):
+    return _fresh_start(seen, start_order, ptr, stamp, stamp_id, state)
+
+
 class WalkState:
     """Per-epoch bookkeeping shared by consecutive walk batches.
 
@@ -279,6 +284,13 @@ class WalkState:
     def load_state_dict(self, state: dict) -> None:
         self.ptr[0] = int(state["ptr"])
         self.seen[:] = np.unpackbits(np.asarray(state["seen"], np.uint8))[: self.num_items]
+
+    def next_start(self, seed: int) -> int:
+        """A start node (anchor): the next unseen item of the epoch order, else a random item."""
+        sid = self._stamp_next
+        self._stamp_next += 1
+        return int(_next_start(self.seen, self.start_order, self.ptr, self._stamp, sid,
+                               _rng.new_state(seed)))
 
     def walk(self, neighbors: np.ndarray, deg: np.ndarray, batch_size: int, kind: int,
              restarts: np.ndarray, seeds: np.ndarray, patience: int,
