@@ -1,0 +1,212 @@
+"""`hardbatch inspect` (src/hardbatch/inspect_cli.py), run as `python -m hardbatch.inspect_cli`."""
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from hardbatch import inspect_cli
+from hardbatch.metrics import batch_false_negative_rate
+
+
+def run_cli(*args, cwd=None):
+    """The real thing: a subprocess ``python -m hardbatch.inspect_cli`` (about 4 s of imports)."""
+    return subprocess.run([sys.executable, "-m", "hardbatch.inspect_cli", *map(str, args)],
+                          capture_output=True, text=True, cwd=cwd, timeout=300, check=False)
+
+
+def run_main(capsys, *args):
+    """In-process ``main(argv)``: same code path without the interpreter start-up."""
+    try:
+        code = inspect_cli.main([str(a) for a in args])
+    except SystemExit as exc:  # argparse errors
+        code = exc.code
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
+
+
+@pytest.fixture(scope="module")
+def digits_files(tmp_path_factory):
+    datasets = pytest.importorskip("sklearn.datasets")
+    x, y = datasets.load_digits(return_X_y=True)
+    x = (x - x.mean(axis=0)).astype(np.float32)
+    root = tmp_path_factory.mktemp("digits")
+    np.save(root / "x.npy", x)
+    np.save(root / "y.npy", y)
+    return root, x, y
+
+
+def test_inspect_on_digits_writes_table_json_and_plot(digits_files, tmp_path):
+    root, x, _y = digits_files
+    out = tmp_path / "report"
+    res = run_cli(root / "x.npy", "--labels", root / "y.npy", "--batch-size", 128,
+                  "--batches", 8, "--candidates", 500, "--neighbors", 50, "--out", out,
+                  "--loss-gap")
+    assert res.returncode == 0, res.stderr
+    table = [ln for ln in res.stdout.splitlines() if ln.startswith("|")]
+    assert table[0].startswith("| sampler | batches | B | hardness | mean neg. sim | FN rate |")
+    assert len(table) == 2 + 4  # header, rule, one row per sampler
+    assert [row.split("|")[1].strip().split(" ")[0] for row in table[2:]] == [
+        "uniform", "knn", "proximity", "gcbs"]
+    for name in ("inspect.json", "inspect.md", "similarity_histograms.png"):
+        assert (out / name).stat().st_size > 0
+    assert (out / "similarity_histograms.png").read_bytes()[:4] == b"\x89PNG"
+    report = json.loads((out / "inspect.json").read_text())
+    assert report["num_items"] == len(x) and report["dim"] == 64 and report["num_classes"] == 10
+    stats = report["samplers"]
+    assert set(stats) == {"uniform", "knn", "proximity", "gcbs"}
+    for name, row in stats.items():
+        assert row["batches"] == 8 and row["batch_size"] == 128
+        assert sum(row["histogram"]["counts"]) > 0
+        assert len(row["histogram"]["edges"]) == len(row["histogram"]["counts"]) + 1
+        assert 0.0 <= row["false_negative_rate"] <= 1.0 and row["duplicate_rate"] == 0.0
+        assert row["loss_gap"] >= 0.0 and row["sampler_seconds"] >= 0.0
+    # uniform: random pairs (about 1/10 same class); knn: many more false negatives, harder
+    assert abs(stats["uniform"]["false_negative_rate"] - 0.1) < 0.03
+    assert stats["knn"]["false_negative_rate"] > 2 * stats["uniform"]["false_negative_rate"]
+    assert stats["knn"]["hardness"] > stats["uniform"]["hardness"]
+    assert stats["uniform"]["coverage"] == pytest.approx(min(1.0, 8 * 128 / len(x)), abs=1e-3)
+    assert (out / "inspect.md").read_text().count("\n|") == 6
+
+
+def test_inspect_matches_the_metrics_on_the_same_batches(digits_files, tmp_path, capsys):
+    """The uniform row is the metric of the sampler's own batches (same seed)."""
+    import hardbatch as hb
+
+    root, _x, y = digits_files
+    res = run_main(capsys, root / "x.npy", "--labels", root / "y.npy", "--sampler", "uniform",
+                  "--batch-size", 100, "--batches", 3, "--seed", 5, "--out", tmp_path)
+    assert res.returncode == 0, res.stderr
+    row = json.loads((tmp_path / "inspect.json").read_text())["samplers"]["uniform"]
+    batches = list(hb.UniformBatchSampler(len(y), 100, seed=5))[:3]
+    expected = np.mean([batch_false_negative_rate(y, b) for b in batches])
+    assert row["false_negative_rate"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("fmt", ["npz", "pt", "pt-dict", "txt-labels"])
+def test_inspect_reads_npz_pt_and_text_labels(tmp_path, capsys, fmt):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 300)
+    if fmt == "npz":
+        emb = tmp_path / "e.npz"
+        np.savez(emb, other=np.zeros(3), embeddings=x)
+        lab = tmp_path / "l.npz"
+        np.savez(lab, labels=y)
+    elif fmt.startswith("pt"):
+        emb = tmp_path / "e.pt"
+        t = torch.from_numpy(x)
+        torch.save({"embeddings": t} if fmt == "pt-dict" else t, emb)
+        lab = tmp_path / "l.pt"
+        torch.save(torch.from_numpy(y), lab)
+    else:
+        emb = tmp_path / "e.npy"
+        np.save(emb, x)
+        lab = tmp_path / "l.txt"
+        lab.write_text("\n".join(f"c{v}" for v in y) + "\n")
+    res = run_main(capsys, emb, "--labels", lab, "--sampler", "uniform,proximity", "--batches", 2,
+                  "--out", tmp_path / "o")
+    assert res.returncode == 0, res.stderr
+    report = json.loads((tmp_path / "o" / "inspect.json").read_text())
+    assert report["num_items"] == 300 and report["num_classes"] == 3
+    # small N: defaults lowered with a note, not an error
+    assert report["parameters"]["batch_size"] < 300 and report["parameters"]["candidates"] < 300
+    assert "lowered" in res.stderr
+
+
+@pytest.mark.parametrize("case, match", [
+    ("missing", "embeddings file not found"),
+    ("extension", "has extension '.csv'; use one of .npy"),
+    ("shape", r"must be 2-D \[N, d\], got shape \(50,\)"),
+    ("labels-count", "labels in .* have 49 entries but the embeddings have 50 rows"),
+    ("labels-missing", "labels file not found"),
+    ("nan", "contain NaN or inf"),
+    ("candidates", ("--candidates 80 must be smaller than the number of items N=50; use e.g. "
+                   "--candidates 25")),
+    ("neighbors", "--neighbors 30 must be smaller than --candidates 20"),
+    ("batch-size", "--batch-size 60 is larger than the number of items N=50"),
+    ("pt-dict", "holds a dict without key 'embeddings'"),
+    ("corrupt", "could not read embeddings file"),
+])
+def test_bad_input_exits_2_with_message_and_no_traceback(tmp_path, capsys, case, match):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((50, 4)).astype(np.float32)
+    emb = tmp_path / "x.npy"
+    np.save(emb, x)
+    args = [emb, "--out", tmp_path / "o"]
+    if case == "missing":
+        args[0] = tmp_path / "nope.npy"
+    elif case == "extension":
+        args[0] = tmp_path / "x.csv"
+        args[0].write_text("1,2\n")
+    elif case == "shape":
+        np.save(emb, x[:, 0])
+    elif case == "labels-count":
+        np.save(tmp_path / "y.npy", np.zeros(49, int))
+        args += ["--labels", tmp_path / "y.npy"]
+    elif case == "labels-missing":
+        args += ["--labels", tmp_path / "y.npy"]
+    elif case == "nan":
+        x[7, 2] = np.nan
+        np.save(emb, x)
+    elif case == "candidates":
+        args += ["--sampler", "proximity", "--candidates", 80]
+    elif case == "neighbors":
+        args += ["--sampler", "proximity", "--candidates", 20, "--neighbors", 30]
+    elif case == "batch-size":
+        args += ["--batch-size", 60]
+    elif case == "pt-dict":
+        args[0] = tmp_path / "x.pt"
+        torch.save({"emb": torch.zeros(3, 2)}, args[0])
+    elif case == "corrupt":
+        args[0] = tmp_path / "x.pt"
+        args[0].write_bytes(b"not a torch file")
+    res = run_main(capsys, *args)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr
+    assert res.stderr.startswith("hardbatch inspect: error: ")
+    assert re.search(match, res.stderr), res.stderr
+
+
+def test_bad_input_through_python_m():
+    res = run_cli("missing.npy", "--labels", "y.npy")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr == "hardbatch inspect: error: embeddings file not found: missing.npy\n"
+
+
+def test_help(capsys):
+    res = run_main(capsys, "--help")
+    assert res.returncode == 0 and "EMBEDDINGS" in res.stdout and "--sampler" in res.stdout
+    assert "--loss-gap" in res.stdout and "--candidates" in res.stdout
+
+
+def test_argument_errors(capsys):
+    res = run_main(capsys, "x.npy", "--sampler", "random")
+    assert res.returncode == 2 and "unknown sampler random" in res.stderr
+    res = run_main(capsys, "x.npy", "--batch-size", "0")
+    assert res.returncode == 2 and "positive integer" in res.stderr
+    res = run_main(capsys, "x.npy", "--quantile", "1.5")
+    assert res.returncode == 2 and "(0, 1)" in res.stderr
+    res = run_main(capsys, "x.npy", "--restart", "-0.1")
+    assert res.returncode == 2 and "[0, 1]" in res.stderr
+
+
+def test_add_inspect_parser_registers_subcommand(digits_files, tmp_path, capsys):
+    """How hardbatch.cli wires it in: a subparser whose func is run_inspect."""
+    root, _, _ = digits_files
+    parser = argparse.ArgumentParser(prog="hardbatch")
+    sub = parser.add_subparsers(dest="command", required=True)
+    inspect_cli.add_inspect_parser(sub)
+    args = parser.parse_args(["inspect", str(root / "x.npy"), "--sampler", "uniform",
+                              "--batches", "2", "--batch-size", "64", "--out", str(tmp_path)])
+    assert args.func is inspect_cli.run_inspect and args.sampler == ["uniform"]
+    assert args.func(args) == 0
+    assert "| uniform | 2 | 64 |" in capsys.readouterr().out
+    bad = parser.parse_args(["inspect", str(tmp_path / "missing.npy")])
+    assert bad.func(bad) == 2
+    assert "embeddings file not found" in capsys.readouterr().err
