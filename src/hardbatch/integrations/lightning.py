@@ -1,0 +1,142 @@
+"""PyTorch Lightning integration: a callback that feeds an :class:`~hardbatch.EmbeddingBank`.
+
+Lightning is imported lazily (``lightning.pytorch``, else ``pytorch_lightning``), so importing
+this module never requires it.
+
+The contract with your ``LightningModule``:
+
+* the training ``DataLoader`` uses a hardbatch sampler as ``batch_sampler`` and its dataset
+  returns each item's index with the item, e.g. ``(index, x)``;
+* ``training_step`` returns a dict with ``"loss"`` plus ``"indices"`` (``[B]`` item ids of the
+  batch) and ``"embeddings"`` (``[B, d]``, typically the anchor view's projection: the same
+  tensors the loss used, no extra forward pass). The callback stores them, detached, in the bank
+  after every training batch (``on_train_batch_end``), which is where graph samplers rebuild
+  their graph from (``refresh_every``) and GCBS re-orders the items from (every epoch);
+* at every epoch start (``on_train_epoch_start``) it calls ``sampler.set_epoch(epoch)``
+  (Lightning itself only calls ``set_epoch`` on ``DataLoader.sampler`` and
+  ``batch_sampler.sampler``, not on the batch sampler).
+
+The bank is saved in Lightning checkpoints (``state_dict`` / ``load_state_dict`` of the
+callback). The sampler's walk position is not: resuming from a mid-epoch Lightning checkpoint
+starts that epoch's batches afresh. For multi-GPU runs pass ``use_distributed_sampler=False``
+to the ``Trainer``: hardbatch samplers split batches across ranks themselves.
+
+::
+
+    from hardbatch.integrations.lightning import EmbeddingBankCallback
+
+    bank = hb.EmbeddingBank(len(dataset), dim=128)
+    sampler = hb.ProximityGraphSampler(bank, batch_size=256, candidates=1000, neighbors=100)
+    loader = DataLoader(dataset, batch_sampler=sampler)
+    trainer = L.Trainer(max_epochs=100, callbacks=[EmbeddingBankCallback(bank, sampler)])
+    trainer.fit(module, loader)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..embeddings import EmbeddingBank
+
+# EmbeddingBankCallback is built on first access (module __getattr__), importing Lightning then
+__all__ = ["EmbeddingBankCallback", "embedding_bank_callback_class"]  # noqa: F822
+
+_CLASSES: dict[str, type] = {}
+
+
+def _lightning_module(package: str | None):
+    import importlib
+
+    names = [package] if package else ["lightning.pytorch", "pytorch_lightning"]
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError(
+        "the Lightning integration needs lightning: pip install lightning (or pytorch-lightning)"
+    )
+
+
+class _BankFeeder:
+    """Lightning-independent logic of the callback."""
+
+    def __init__(
+        self,
+        bank: EmbeddingBank,
+        sampler=None,
+        *,
+        indices_key: str = "indices",
+        embeddings_key: str = "embeddings",
+        strict: bool = True,
+    ) -> None:
+        if not isinstance(bank, EmbeddingBank):
+            raise TypeError(f"bank must be a hardbatch.EmbeddingBank, got {type(bank).__name__}")
+        self.bank = bank
+        self.sampler = sampler
+        self.indices_key = indices_key
+        self.embeddings_key = embeddings_key
+        self.strict = strict
+        self.updates = 0
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(int(trainer.current_epoch))
+
+    def on_train_batch_end(
+        self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if (
+            not isinstance(outputs, Mapping)
+            or self.indices_key not in outputs
+            or self.embeddings_key not in outputs
+        ):
+            if self.strict:
+                raise ValueError(
+                    f"EmbeddingBankCallback: training_step must return a dict with "
+                    f"'{self.indices_key}' ([B] item ids) and '{self.embeddings_key}' ([B, d]) "
+                    f"besides 'loss'; got {type(outputs).__name__}"
+                    + (f" with keys {sorted(outputs)}" if isinstance(outputs, Mapping) else "")
+                )
+            return
+        embeddings = outputs[self.embeddings_key]
+        self.bank.update(outputs[self.indices_key], embeddings.detach().float())
+        self.updates += 1
+
+    def state_dict(self) -> dict:
+        return {"bank": self.bank.state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.bank.load_state_dict(state_dict["bank"])
+        self.updates = int(state_dict.get("updates", 0))
+
+
+def embedding_bank_callback_class(package: str | None = None) -> type:
+    """The callback class for ``package`` (``"lightning.pytorch"`` or ``"pytorch_lightning"``;
+    default: whichever is installed, ``lightning.pytorch`` first)."""
+    module = _lightning_module(package)
+    key = module.__name__
+    if key not in _CLASSES:
+        _CLASSES[key] = type(
+            "EmbeddingBankCallback",
+            (_BankFeeder, module.Callback),
+            {"__doc__": _CALLBACK_DOC, "__module__": __name__},
+        )
+    return _CLASSES[key]
+
+
+_CALLBACK_DOC = """Feeds an EmbeddingBank from ``training_step`` outputs; calls ``sampler.set_epoch``.
+
+Args:
+    bank: the :class:`hardbatch.EmbeddingBank` the sampler reads.
+    sampler: the hardbatch batch sampler of the training DataLoader (for ``set_epoch``), or None.
+    indices_key, embeddings_key: keys of the ``training_step`` output dict.
+    strict: raise when an output lacks the keys (default); False skips such batches.
+"""
+
+
+def __getattr__(name: str):
+    if name == "EmbeddingBankCallback":
+        return embedding_bank_callback_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

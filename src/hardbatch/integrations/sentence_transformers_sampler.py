@@ -1,0 +1,310 @@
+"""sentence-transformers integration: hard-negative batches for ``SentenceTransformerTrainer``.
+
+sentence-transformers (v3 and later) builds its training ``DataLoader`` from the
+``batch_sampler`` argument of ``SentenceTransformerTrainingArguments``: a ``BatchSamplers``
+name, a ``DefaultBatchSampler`` subclass, or a callable that is called as
+``batch_sampler(dataset, batch_size=..., drop_last=..., valid_label_columns=..., generator=...,
+seed=...)`` and returns a batch sampler with ``set_epoch``. :func:`hard_negative_batch_sampler`
+returns such a callable::
+
+    from hardbatch.integrations.sentence_transformers_sampler import hard_negative_batch_sampler
+
+    args = SentenceTransformerTrainingArguments(
+        output_dir="out", per_device_train_batch_size=64,
+        batch_sampler=hard_negative_batch_sampler(model, sampler="proximity", refresh_every=100),
+    )
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=pairs,
+                                         loss=MultipleNegativesRankingLoss(model))
+
+The sampler embeds the dataset's text column (the first column by default: the anchors) with
+the model being trained, ``model.encode(texts, convert_to_tensor=True,
+normalize_embeddings=True)``, when it is built and again at every graph refresh
+(``refresh_every`` steps for ``"proximity"`` / ``"knn"``, every epoch for ``"gcbs"``), and
+groups items that are close in that embedding space into the same batch, so that in-batch
+negatives of ``MultipleNegativesRankingLoss`` are hard. Encoding is a forward pass over the
+whole column without gradients; the model's training mode is restored afterwards.
+
+sentence-transformers is never imported here (the sampler only calls ``model.encode``), so
+``import hardbatch`` works without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from ..samplers import GCBSSampler, KNNBatchSampler, ProximityGraphSampler
+
+__all__ = ["HardNegativeBatchSampler", "TextEmbeddingSource", "hard_negative_batch_sampler"]
+
+_SAMPLERS = ("proximity", "knn", "gcbs")
+
+
+class TextEmbeddingSource:
+    """A callable embedding source: the current model's unit-norm embeddings of ``texts``.
+
+    ``source()`` returns a float32 CPU tensor ``[N, d]``; ``calls`` counts the encoding passes.
+    """
+
+    def __init__(
+        self, model, texts: Sequence[str], batch_size: int = 64, show_progress_bar: bool = False
+    ) -> None:
+        if not hasattr(model, "encode"):
+            raise ValueError("model must have an encode() method (a SentenceTransformer)")
+        self.model = model
+        self.texts = list(texts)
+        self.batch_size = int(batch_size)
+        self.show_progress_bar = show_progress_bar
+        self.calls = 0
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __call__(self) -> torch.Tensor:
+        was_training = getattr(self.model, "training", False)
+        try:
+            with torch.no_grad():
+                emb = self.model.encode(
+                    self.texts,
+                    batch_size=self.batch_size,
+                    convert_to_tensor=True,
+                    normalize_embeddings=True,
+                    show_progress_bar=self.show_progress_bar,
+                )
+        finally:
+            if hasattr(self.model, "train"):
+                self.model.train(was_training)
+        self.calls += 1
+        return torch.as_tensor(emb).detach().float().cpu()
+
+
+def _text_column(dataset, text_column: str | None) -> list[str]:
+    if text_column is None:
+        names = getattr(dataset, "column_names", None)
+        if not names:
+            raise ValueError(
+                "the dataset has no column_names: pass a datasets.Dataset or text_column=..."
+            )
+        text_column = names[0]
+    try:
+        texts = dataset[text_column]
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ValueError(
+            f"the dataset has no column {text_column!r}; its columns are "
+            f"{getattr(dataset, 'column_names', '?')}"
+        ) from exc
+    texts = list(texts)
+    if texts and not isinstance(texts[0], str):
+        raise ValueError(
+            f"column {text_column!r} must hold texts, got {type(texts[0]).__name__}; "
+            "pass text_column=... naming a text column"
+        )
+    return texts
+
+
+class HardNegativeBatchSampler(Sampler[list[int]]):
+    """A batch sampler for ``SentenceTransformerTrainer`` that batches similar texts together.
+
+    Usually built by :func:`hard_negative_batch_sampler`; sentence-transformers passes the first
+    six arguments.
+
+    Args:
+        dataset: the training ``datasets.Dataset``.
+        batch_size, drop_last: from the training arguments.
+        valid_label_columns, generator: accepted for sentence-transformers, unused.
+        seed: the sampler's seed (sentence-transformers passes ``args.seed``).
+        model: the ``SentenceTransformer`` being trained (its ``encode`` embeds the texts).
+        sampler: ``"proximity"`` (BatchSampler: proximity graph + random walk with restart),
+            ``"knn"`` (anchor plus nearest neighbours) or ``"gcbs"``.
+        text_column: the column to embed (default: the dataset's first column).
+        refresh_every: steps between re-embedding + graph rebuilds (proximity, knn).
+        encode_batch_size: batch size of ``model.encode``.
+        candidates, neighbors, restart: proximity-graph M, K and RWR restart probability;
+            defaults follow BatchSampler's advice for pre-trained language models (alpha 0.7,
+            K up to 500, M up to 1000), capped to fit small datasets (M < N/2, K < M/2).
+        **sampler_kwargs: passed on to the hardbatch sampler (``quantile`` for GCBS, ...).
+
+    The plan is global (``rank=0, world_size=1``): under multi-GPU training accelerate shards
+    its batches across processes, and every process computes the same plan from the same
+    weights.
+    """
+
+    def __init__(
+        self,
+        dataset,
+        batch_size: int,
+        drop_last: bool = False,
+        valid_label_columns: list[str] | None = None,
+        generator: torch.Generator | None = None,
+        seed: int = 0,
+        *,
+        model,
+        sampler: str = "proximity",
+        text_column: str | None = None,
+        refresh_every: int | None = 100,
+        encode_batch_size: int = 64,
+        candidates: int | None = None,
+        neighbors: int | None = None,
+        restart=0.7,
+        show_progress_bar: bool = False,
+        **sampler_kwargs: Any,
+    ) -> None:
+        if sampler not in _SAMPLERS:
+            raise ValueError(f"sampler={sampler!r} must be one of {', '.join(_SAMPLERS)}")
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        self.drop_last = bool(drop_last)
+        self.valid_label_columns = valid_label_columns
+        self.generator = generator
+        self.seed = int(seed or 0)
+        self.epoch = 0
+        texts = _text_column(dataset, text_column)
+        n = len(texts)
+        self.source = TextEmbeddingSource(model, texts, encode_batch_size, show_progress_bar)
+        common = {"drop_last": self.drop_last, "seed": self.seed, "rank": 0, "world_size": 1}
+        if sampler == "proximity":
+            m = candidates if candidates is not None else max(2, min(1000, n // 2))
+            k = neighbors if neighbors is not None else max(1, min(500, m // 2))
+            self.hard_sampler = ProximityGraphSampler(
+                self.source,
+                self.batch_size,
+                candidates=m,
+                neighbors=k,
+                restart=restart,
+                refresh_every=refresh_every,
+                **common,
+                **sampler_kwargs,
+            )
+        elif sampler == "knn":
+            self.hard_sampler = KNNBatchSampler(
+                self.source,
+                self.batch_size,
+                refresh_every=refresh_every,
+                **common,
+                **sampler_kwargs,
+            )
+        else:
+            self.hard_sampler = GCBSSampler(
+                self.source, self.batch_size, **common, **sampler_kwargs
+            )
+        self.kind = sampler
+
+    def __iter__(self):
+        yield from self.hard_sampler
+
+    def __len__(self) -> int:
+        return len(self.hard_sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by the trainer at every epoch start."""
+        self.epoch = int(epoch)
+        self.hard_sampler.set_epoch(self.epoch)
+
+    def state_dict(self, consumed: int | None = None) -> dict:
+        return self.hard_sampler.state_dict(consumed)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.hard_sampler.load_state_dict(state)
+
+    @property
+    def refreshes(self) -> int:
+        """Encoding passes over the dataset so far (including the one at construction)."""
+        return self.source.calls
+
+
+def _same_texts(dataset, reference, text_column: str | None) -> bool:
+    try:
+        if len(dataset) != len(reference):
+            return False
+        return _text_column(dataset, text_column) == _text_column(reference, text_column)
+    except ValueError:
+        return False
+
+
+def hard_negative_batch_sampler(
+    model,
+    sampler: str = "proximity",
+    *,
+    train_dataset=None,
+    text_column: str | None = None,
+    refresh_every: int | None = 100,
+    encode_batch_size: int = 64,
+    **kwargs: Any,
+) -> Callable[..., Sampler]:
+    """A ``batch_sampler`` for ``SentenceTransformerTrainingArguments``.
+
+    Args:
+        model: the ``SentenceTransformer`` being trained.
+        sampler: ``"proximity"`` (default), ``"knn"`` or ``"gcbs"``.
+        train_dataset: if given, only this dataset (same texts) gets hard-negative batches; any
+            other dataset (the evaluation set) gets plain sequential batches. By default every
+            dataset the trainer builds a loader for is hard-batched.
+        text_column, refresh_every, encode_batch_size, **kwargs: see
+            :class:`HardNegativeBatchSampler` (``candidates``, ``neighbors``, ``restart``,
+            ``quantile`` for GCBS, ...).
+
+    Returns:
+        ``make(dataset, batch_size, drop_last, valid_label_columns=None, generator=None, seed=0)``
+        returning a :class:`HardNegativeBatchSampler`; ``make.samplers`` lists the samplers
+        built so far (the last one is the training sampler once training started).
+    """
+    if sampler not in _SAMPLERS:
+        raise ValueError(f"sampler={sampler!r} must be one of {', '.join(_SAMPLERS)}")
+    if not hasattr(model, "encode"):
+        raise ValueError("model must be the SentenceTransformer being trained (with encode())")
+    built: list[Sampler] = []
+
+    def make(
+        dataset,
+        batch_size: int,
+        drop_last: bool = False,
+        valid_label_columns: list[str] | None = None,
+        generator: torch.Generator | None = None,
+        seed: int = 0,
+    ):
+        if train_dataset is not None and not _same_texts(dataset, train_dataset, text_column):
+            out = _SequentialBatches(len(dataset), batch_size, drop_last)
+        else:
+            out = HardNegativeBatchSampler(
+                dataset,
+                batch_size,
+                drop_last,
+                valid_label_columns,
+                generator,
+                seed,
+                model=model,
+                sampler=sampler,
+                text_column=text_column,
+                refresh_every=refresh_every,
+                encode_batch_size=encode_batch_size,
+                **kwargs,
+            )
+        built.append(out)
+        return out
+
+    make.samplers = built
+    return make
+
+
+class _SequentialBatches(Sampler[list[int]]):
+    """Plain in-order batches (for evaluation datasets)."""
+
+    def __init__(self, n: int, batch_size: int, drop_last: bool) -> None:
+        self.n, self.batch_size, self.drop_last = n, int(batch_size), bool(drop_last)
+        self.epoch = 0
+
+    def __iter__(self):
+        order = np.arange(self.n)
+        stop = (self.n // self.batch_size) * self.batch_size if self.drop_last else self.n
+        for i in range(0, stop, self.batch_size):
+            yield order[i : i + self.batch_size].tolist()
+
+    def __len__(self) -> int:
+        return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)

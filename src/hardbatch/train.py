@@ -1,0 +1,718 @@
+"""A small, readable contrastive training loop (plain PyTorch) for any hardbatch sampler and loss.
+
+::
+
+    from hardbatch.train import TrainConfig, Trainer
+
+    trainer = Trainer(
+        encoder, loss=InfoNCE(0.5), data=x, labels=y, head=projection_head,
+        augment=my_augment,                          # augment(x_batch, generator) -> one view
+        sampler=lambda bank: ProximityGraphSampler(bank, 256, candidates=500, neighbors=50),
+        eval_data=(x_test, y_test),
+        config=TrainConfig(epochs=50, lr=1e-3, seed=0, checkpoint_path="run.pt"),
+    )
+    result = trainer.fit()        # result.history: one dict per step; result.evals: evaluations
+
+What one step does (``Trainer.train_step``):
+
+1. take the next batch of item ids from the sampler (its time is ``sampler_seconds``);
+2. make two views with ``augment`` (its own seeded ``torch.Generator``);
+3. one forward pass of ``head(encoder(.))`` over both views, ``loss(z1, z2)``, backward, step;
+4. store the anchor view's embeddings ``z1`` (detached, no extra forward) in the
+   :class:`~hardbatch.EmbeddingBank`, from which graph samplers rebuild their graph every
+   ``sampler.refresh_every`` steps and GCBS re-orders the items every epoch;
+5. log loss, batch hardness (mean top-1 in-batch cosine similarity of ``z1``), false-negative
+   rate (share of in-batch pairs with the same label, if labels are given), sampler time and
+   step time.
+
+Evaluation (every ``eval_every`` steps and at the end) embeds the items with ``encoder`` alone
+(frozen features before the projection head, eval mode) and reports the weighted kNN accuracy
+of InstDisc / SimCLR monitors (k=200, t=0.1) and the accuracy of a logistic-regression linear
+probe, both fitted on the training items and scored on ``eval_data`` (or on a held-out share of
+the training items when no ``eval_data`` is given).
+
+Checkpoints hold everything the run depends on (model, optimiser, bank, sampler state at the
+number of steps done this epoch, RNG states, log), so a resumed run continues exactly as the
+uninterrupted one would have (same weights and losses on CPU, for tensor data or
+``num_workers=0``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .embeddings import EmbeddingBank
+from .metrics import batch_false_negative_rate, batch_hardness
+
+__all__ = [
+    "TrainConfig",
+    "TrainResult",
+    "Trainer",
+    "embed",
+    "evaluate",
+    "knn_accuracy",
+    "linear_probe_accuracy",
+    "seed_everything",
+    "train",
+]
+
+_CHECKPOINT_VERSION = 1
+
+
+@dataclass
+class TrainConfig:
+    """Options of :class:`Trainer` (all have defaults).
+
+    Attributes:
+        epochs: training epochs (an epoch is ``len(sampler)`` steps).
+        lr, weight_decay: of the default optimiser (Adam), ignored when an optimiser is given.
+        seed: seeds torch / numpy / random at the start of a fresh run, the augmentation
+            generator and the held-out split.
+        eval_every: steps between evaluations (None: only at the end of training).
+        knn_k, knn_temperature: weighted kNN monitor (InstDisc / SimCLR: 200 and 0.1).
+        probe_weight_decay, probe_max_iter: L2 penalty and L-BFGS iterations of the linear probe.
+        eval_fraction: share of the training items held out for evaluation when the
+            trainer has labels but no ``eval_data``.
+        log_path: JSONL file receiving one record per step (``"kind": "step"``) and per
+            evaluation (``"kind": "eval"``); rewritten from the checkpoint on resume.
+        checkpoint_path: file for checkpoints; written every ``checkpoint_every`` steps,
+            at the end of every epoch and when training stops. If it exists when ``fit()``
+            starts and ``resume`` is True, training continues from it.
+        checkpoint_every: steps between checkpoints (None: epoch ends and the end only).
+        resume: continue from ``checkpoint_path`` if it exists.
+        max_steps: stop after this many steps in total (e.g. a time budget, or to simulate
+            an interruption); None runs all epochs.
+        progress: show a tqdm progress bar (if tqdm is installed).
+        num_workers: DataLoader workers when ``data`` is a ``Dataset`` (tensor data is indexed
+            directly). Exact resume is guaranteed for ``num_workers=0``.
+        loss_labels: pass the batch's labels to the loss (supervised false-negative masking);
+            default False: self-supervised, labels only feed the diagnostics.
+        device: where the model and batches live (the bank stays on the CPU).
+        eval_batch_size: rows per forward pass when embedding for evaluation.
+    """
+
+    epochs: int = 10
+    lr: float = 1e-3
+    weight_decay: float = 1e-6
+    seed: int = 0
+    eval_every: int | None = None
+    knn_k: int = 200
+    knn_temperature: float = 0.1
+    probe_weight_decay: float = 1e-4
+    probe_max_iter: int = 100
+    eval_fraction: float = 0.2
+    log_path: str | None = None
+    checkpoint_path: str | None = None
+    checkpoint_every: int | None = None
+    resume: bool = True
+    max_steps: int | None = None
+    progress: bool = True
+    num_workers: int = 0
+    loss_labels: bool = False
+    device: str = "cpu"
+    eval_batch_size: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "knn_k", "probe_max_iter", "eval_batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("eval_every", "checkpoint_every", "max_steps"):
+            value = getattr(self, name)
+            if value is not None and int(value) < 1:
+                raise ValueError(f"{name}={value} must be >= 1 (or None)")
+        if not self.lr > 0:
+            raise ValueError(f"lr={self.lr} must be positive")
+        if not self.knn_temperature > 0:
+            raise ValueError(f"knn_temperature={self.knn_temperature} must be positive")
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise ValueError(f"eval_fraction={self.eval_fraction} must lie strictly between 0 and 1")
+        if self.num_workers < 0:
+            raise ValueError(f"num_workers={self.num_workers} must be >= 0")
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.fit` returns.
+
+    Attributes:
+        history: one dict per step: ``step``, ``epoch``, ``loss``, ``hardness``,
+            ``false_negative_rate`` (NaN without labels), ``sampler_seconds``, ``step_seconds``.
+        evals: one dict per evaluation: ``step``, ``epoch``, ``knn_accuracy``,
+            ``linear_probe_accuracy``, ``seconds``.
+        steps: steps done in total; epochs: epochs completed.
+        sampler_seconds, step_seconds: totals over ``history`` (sampler time, including graph
+            rebuilds, is part of step time); ``sampler_share`` is their ratio.
+        last_epoch_batches: the batches (item ids) of the last epoch trained.
+        stopped_early: training stopped at ``max_steps`` before the last epoch ended.
+    """
+
+    history: list[dict]
+    evals: list[dict]
+    steps: int
+    epochs: int
+    sampler_seconds: float
+    step_seconds: float
+    last_epoch_batches: list[list[int]] = field(default_factory=list)
+    stopped_early: bool = False
+
+    @property
+    def sampler_share(self) -> float:
+        return self.sampler_seconds / self.step_seconds if self.step_seconds > 0 else math.nan
+
+    @property
+    def final(self) -> dict:
+        """The last evaluation (empty without labels)."""
+        return dict(self.evals[-1]) if self.evals else {}
+
+    def mean(self, key: str, last: int | None = None) -> float:
+        """Mean of ``history[key]`` over all steps or the ``last`` ones (NaN-skipping)."""
+        rows = self.history[-last:] if last else self.history
+        values = np.array([r[key] for r in rows if key in r], dtype=np.float64)
+        values = values[~np.isnan(values)]
+        return float(values.mean()) if values.size else math.nan
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's ``random``, numpy's global generator and torch."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@torch.no_grad()
+def embed(module: nn.Module, x: torch.Tensor, batch_size: int = 1024,
+          device: str | torch.device = "cpu") -> torch.Tensor:
+    """``module(x)`` in eval mode and chunks, as a float32 CPU tensor (training mode restored)."""
+    was_training = module.training
+    module.eval()
+    try:
+        out = [module(x[i:i + batch_size].to(device)).float().cpu()
+               for i in range(0, len(x), batch_size)]
+    finally:
+        module.train(was_training)
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def knn_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor,
+                 test_features: torch.Tensor, test_labels: torch.Tensor, k: int = 200,
+                 temperature: float = 0.1, chunk: int = 1024) -> float:
+    """Weighted kNN accuracy (Wu et al. 2018 InstDisc; the SimCLR / MoCo kNN monitor).
+
+    Cosine similarities of each test feature to the training features; the ``k`` nearest vote
+    for their class with weight ``exp(s / temperature)``.
+    """
+    train = nn.functional.normalize(train_features.float(), dim=1)
+    test = nn.functional.normalize(test_features.float(), dim=1)
+    train_labels = train_labels.long()
+    classes = int(torch.cat([train_labels, test_labels.long()]).max()) + 1
+    k = min(int(k), train.shape[0])
+    correct = 0
+    for i in range(0, test.shape[0], chunk):
+        sims = test[i:i + chunk] @ train.T
+        top, idx = sims.topk(k, dim=1)
+        weights = (top / temperature).exp()
+        votes = torch.zeros(sims.shape[0], classes)
+        votes.scatter_add_(1, train_labels[idx], weights)
+        correct += int((votes.argmax(1) == test_labels[i:i + chunk].long()).sum())
+    return correct / test.shape[0]
+
+
+def linear_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor,
+                          test_features: torch.Tensor, test_labels: torch.Tensor,
+                          weight_decay: float = 1e-4, max_iter: int = 100) -> float:
+    """Accuracy of multinomial logistic regression on frozen features (full-batch L-BFGS).
+
+    Features are standardised with the training mean / std; deterministic (zero init).
+    """
+    mean = train_features.float().mean(0)
+    std = train_features.float().std(0).clamp_min(1e-6)
+    xtr = (train_features.float() - mean) / std
+    xte = (test_features.float() - mean) / std
+    ytr = train_labels.long()
+    classes = int(torch.cat([ytr, test_labels.long()]).max()) + 1
+    weight = torch.zeros(xtr.shape[1], classes, requires_grad=True)
+    bias = torch.zeros(classes, requires_grad=True)
+    opt = torch.optim.LBFGS([weight, bias], lr=1.0, max_iter=max_iter,
+                            line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(xtr @ weight + bias, ytr)
+        loss = loss + weight_decay * weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    with torch.no_grad():
+        pred = (xte @ weight + bias).argmax(1)
+    return float((pred == test_labels.long()).double().mean())
+
+
+def evaluate(encoder: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
+             test_x: torch.Tensor, test_y: torch.Tensor, *, k: int = 200, temperature: float = 0.1,
+             probe_weight_decay: float = 1e-4, probe_max_iter: int = 100,
+             batch_size: int = 1024, device: str | torch.device = "cpu") -> dict:
+    """kNN and linear-probe accuracy of ``encoder``'s frozen features (train -> test)."""
+    f_train = embed(encoder, train_x, batch_size, device)
+    f_test = embed(encoder, test_x, batch_size, device)
+    return {
+        "knn_accuracy": knn_accuracy(f_train, train_y, f_test, test_y, k, temperature),
+        "linear_probe_accuracy": linear_probe_accuracy(f_train, train_y, f_test, test_y,
+                                                       probe_weight_decay, probe_max_iter),
+    }
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+def _identity(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    return x
+
+
+class _Indexed(torch.utils.data.Dataset):
+    """Wraps a dataset so that items come with their index (and only the input)."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        item = self.dataset[i]
+        if isinstance(item, (tuple, list)):
+            item = item[0]
+        return i, item
+
+
+class Trainer:
+    """Contrastive training with a hardbatch sampler; see the module docstring.
+
+    Args:
+        encoder: ``nn.Module`` mapping a batch of inputs to features (used for evaluation).
+        loss: a hardbatch loss module, called as ``loss(z1, z2)`` (``labels=`` too when
+            ``config.loss_labels``).
+        sampler: a batch sampler over the N training items, or a factory
+            ``sampler(bank) -> sampler`` that receives the trainer's :class:`EmbeddingBank`
+            (how graph samplers and GCBS read the embeddings of the training forward pass).
+            A sampler whose ``source`` is an ``EmbeddingBank`` has that bank fed.
+        data: ``[N, ...]`` tensor of inputs, or a map-style ``Dataset`` whose items are
+            inputs (or tuples whose first entry is the input).
+        labels: optional ``[N]`` int labels: false-negative rate and evaluation only.
+        head: optional projection head applied after ``encoder`` for the loss.
+        augment: ``augment(x, generator) -> view``, called twice per batch on the batch tensor
+            with the trainer's seeded ``torch.Generator`` (None: identity, e.g. SimCSE's
+            dropout views).
+        optimizer: an optimiser over the model's parameters, or a factory
+            ``optimizer(params) -> optimiser``; default Adam(lr, weight_decay).
+        eval_data: ``(x_test, y_test)`` for evaluation; default: a held-out share of the
+            training items (``config.eval_fraction``) when ``labels`` are given.
+        config: :class:`TrainConfig`; keyword arguments override its fields.
+        bank: the bank to feed (default: a new one, dimension from one forward pass).
+    """
+
+    def __init__(self, encoder: nn.Module, loss: nn.Module, sampler, data, labels=None, *,
+                 head: nn.Module | None = None,
+                 augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
+                 optimizer=None, eval_data: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 config: TrainConfig | None = None, bank: EmbeddingBank | None = None,
+                 **overrides) -> None:
+        config = config or TrainConfig()
+        if overrides:
+            unknown = sorted(set(overrides) - set(TrainConfig.__dataclass_fields__))
+            if unknown:
+                raise TypeError(f"unknown option(s) {unknown}; see TrainConfig")
+            config = TrainConfig(**{**asdict(config), **overrides})
+        self.config = config
+        self.device = torch.device(config.device)
+        self.encoder = encoder.to(self.device)
+        self.head = head.to(self.device) if head is not None else None
+        self.model = nn.Sequential(self.encoder, self.head) if self.head is not None else self.encoder
+        self.loss = loss
+        self.augment = augment or _identity
+
+        self.data = data
+        self.tensor_data = isinstance(data, torch.Tensor)
+        n = len(data)
+        if n < 2:
+            raise ValueError(f"data has {n} items; contrastive training needs at least 2")
+        self.num_items = n
+        self.labels = None
+        if labels is not None:
+            self.labels = torch.as_tensor(labels).long().reshape(-1).cpu()
+            if self.labels.numel() != n:
+                raise ValueError(f"labels has {self.labels.numel()} entries but data has {n} "
+                                 "items; pass one label per item")
+
+        # the bank fed from the forward pass, and the sampler reading it
+        if bank is None and isinstance(getattr(sampler, "source", None), EmbeddingBank):
+            bank = sampler.source
+        if bank is None:
+            bank = EmbeddingBank(n, self._embedding_dim(), seed=config.seed)
+        if bank.num_items != n:
+            raise ValueError(f"the bank holds {bank.num_items} items but data has {n}")
+        self.bank = bank
+        if callable(sampler) and (isinstance(sampler, type) or not hasattr(sampler, "__iter__")):
+            sampler = sampler(self.bank)
+        if not hasattr(sampler, "__iter__") or not hasattr(sampler, "__len__"):
+            raise ValueError("sampler must be a batch sampler (iterable of index lists with "
+                             "len) or a factory taking an EmbeddingBank")
+        num = getattr(sampler, "num_items", None)
+        if num is not None and num != n:
+            raise ValueError(f"the sampler was built for N={num} items but data has {n}")
+        self.sampler = sampler
+
+        params = list(self.model.parameters())
+        if optimizer is None:
+            optimizer = torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+        elif callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
+            optimizer = optimizer(params)
+        self.optimizer = optimizer
+
+        self.eval_data = self._eval_split(eval_data)
+        self.generator = torch.Generator().manual_seed(config.seed)
+
+        # progress of the run (all saved in checkpoints)
+        self.global_step = 0
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self.history: list[dict] = []
+        self.evals: list[dict] = []
+        self.epoch_batches: list[list[int]] = []
+        self._log_file = None
+
+    # -- setup helpers -------------------------------------------------
+    @torch.no_grad()
+    def _embedding_dim(self) -> int:
+        """Output width of ``head(encoder(x))`` from one eval-mode forward of two items."""
+        if self.tensor_data:
+            x = self.data[:2]
+        else:
+            x = torch.stack([torch.as_tensor(_Indexed(self.data)[i][1]) for i in range(2)])
+        was = self.model.training
+        self.model.eval()
+        try:
+            out = self.model(x.to(self.device))
+        finally:
+            self.model.train(was)
+        if out.ndim != 2:
+            raise ValueError(f"the model must return [B, d] embeddings, got shape {tuple(out.shape)}")
+        return int(out.shape[1])
+
+    def _eval_split(self, eval_data):
+        if eval_data is not None:
+            x_test, y_test = eval_data
+            if self.labels is None:
+                raise ValueError("eval_data needs training labels too (kNN / linear probe are "
+                                 "fitted on the training items): pass labels=...")
+            if not self.tensor_data:
+                raise ValueError("evaluation needs tensor training data")
+            return (self.data, self.labels, x_test, torch.as_tensor(y_test).long())
+        if self.labels is None or not self.tensor_data:
+            return None
+        gen = torch.Generator().manual_seed(self.config.seed + 0x5EED)
+        perm = torch.randperm(self.num_items, generator=gen)
+        n_test = max(1, round(self.config.eval_fraction * self.num_items))
+        test, train = perm[:n_test].sort().values, perm[n_test:].sort().values
+        return (self.data[train], self.labels[train], self.data[test], self.labels[test])
+
+    @property
+    def total_steps(self) -> int:
+        planned = self.config.epochs * len(self.sampler)
+        return min(planned, self.config.max_steps) if self.config.max_steps else planned
+
+    # -- one step ------------------------------------------------------
+    def _forward_loss(self, idx: torch.Tensor, x: torch.Tensor):
+        v1 = self.augment(x, self.generator)
+        v2 = self.augment(x, self.generator)
+        z = self.model(torch.cat([v1, v2]))
+        z1, z2 = z[:len(idx)], z[len(idx):]
+        if self.config.loss_labels and self.labels is not None:
+            loss = self.loss(z1, z2, labels=self.labels[idx].to(self.device))
+        else:
+            loss = self.loss(z1, z2)
+        return loss, z1
+
+    def train_step(self, batch, x: torch.Tensor | None = None) -> dict:
+        """One optimisation step on ``batch`` (item ids); returns the step's log record.
+
+        ``x`` is the batch's input when it was already loaded (DataLoader path).
+        """
+        t0 = time.perf_counter()
+        idx = torch.as_tensor(batch, dtype=torch.int64)
+        if x is None:
+            x = self.data[idx]
+        x = x.to(self.device)
+        self.model.train()
+        loss, z1 = self._forward_loss(idx, x)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss is {float(loss)} at step {self.global_step}; lower "
+                                     "the learning rate or raise the temperature")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        z1 = z1.detach()
+        self.bank.update(idx, z1)
+        step_seconds = time.perf_counter() - t0
+        record = {
+            "kind": "step",
+            "step": self.global_step + 1,
+            "epoch": self.epoch,
+            "loss": float(loss.detach()),
+            "hardness": batch_hardness(z1, torch.arange(len(idx))),
+            "false_negative_rate": (batch_false_negative_rate(self.labels, idx)
+                                    if self.labels is not None else math.nan),
+            "step_seconds": step_seconds,
+        }
+        return record
+
+    # -- evaluation ----------------------------------------------------
+    def evaluate(self) -> dict:
+        """kNN and linear-probe accuracy now ({} without labels)."""
+        if self.eval_data is None:
+            return {}
+        t0 = time.perf_counter()
+        c = self.config
+        out = evaluate(self.encoder, *self.eval_data, k=c.knn_k, temperature=c.knn_temperature,
+                       probe_weight_decay=c.probe_weight_decay, probe_max_iter=c.probe_max_iter,
+                       batch_size=c.eval_batch_size, device=self.device)
+        return {"kind": "eval", "step": self.global_step, "epoch": self.epoch, **out,
+                "seconds": time.perf_counter() - t0}
+
+    # -- checkpoints ---------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to continue the run exactly."""
+        loss_gen = getattr(self.loss, "generator", None)
+        return {
+            "version": _CHECKPOINT_VERSION,
+            "config": asdict(self.config),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "loss": self.loss.state_dict(),
+            "bank": self.bank.state_dict(),
+            "sampler": self._sampler_state(),
+            "progress": {"global_step": self.global_step, "epoch": self.epoch,
+                         "step_in_epoch": self.step_in_epoch},
+            "history": list(self.history),
+            "evals": list(self.evals),
+            "epoch_batches": list(self.epoch_batches),
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "cuda": (torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None),
+                "augment": self.generator.get_state(),
+                "loss": (loss_gen.get_state() if isinstance(loss_gen, torch.Generator)
+                         else None),
+                "numpy": np.random.get_state(),
+                "python": random.getstate(),
+            },
+        }
+
+    def _sampler_state(self) -> dict | None:
+        if not hasattr(self.sampler, "state_dict"):
+            return None
+        if self.step_in_epoch >= len(self.sampler):  # epoch done: the sampler's next epoch
+            return self.sampler.state_dict()
+        try:
+            return self.sampler.state_dict(consumed=self.step_in_epoch)
+        except TypeError:  # a sampler without the consumed= argument
+            return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != _CHECKPOINT_VERSION:
+            raise ValueError(f"checkpoint version {state.get('version')} is not supported "
+                             f"(expected {_CHECKPOINT_VERSION})")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.loss.load_state_dict(state["loss"])
+        self.bank.load_state_dict(state["bank"])
+        if state["sampler"] is not None:
+            self.sampler.load_state_dict(state["sampler"])
+        progress = state["progress"]
+        self.global_step = int(progress["global_step"])
+        self.epoch = int(progress["epoch"])
+        self.step_in_epoch = int(progress["step_in_epoch"])
+        self.history = list(state["history"])
+        self.evals = list(state["evals"])
+        self.epoch_batches = [list(b) for b in state["epoch_batches"]]
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.generator.set_state(rng["augment"])
+        loss_gen = getattr(self.loss, "generator", None)
+        if rng["loss"] is not None and isinstance(loss_gen, torch.Generator):
+            loss_gen.set_state(rng["loss"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
+
+    def save_checkpoint(self, path: str | os.PathLike | None = None) -> Path:
+        """Write :meth:`state_dict` to ``path`` (default ``config.checkpoint_path``) atomically."""
+        path = Path(path or self.config.checkpoint_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, path)
+        return path
+
+    def load_checkpoint(self, path: str | os.PathLike | None = None) -> None:
+        path = Path(path or self.config.checkpoint_path)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise ValueError(f"{path} is not a hardbatch training checkpoint: {exc}") from exc
+        if not isinstance(state, dict) or "progress" not in state:
+            raise ValueError(f"{path} is not a hardbatch training checkpoint")
+        self.load_state_dict(state)
+
+    # -- logging -------------------------------------------------------
+    def _log(self, record: dict) -> None:
+        if self._log_file is not None:
+            self._log_file.write(json.dumps(record) + "\n")
+            self._log_file.flush()
+
+    def _open_log(self) -> None:
+        if self.config.log_path is None:
+            return
+        path = Path(self.config.log_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed by fit())
+        done = sorted(self.history + self.evals, key=lambda r: (r["step"], r["kind"] != "step"))
+        for record in done:
+            self._log(record)
+
+    # -- the loop ------------------------------------------------------
+    def _batches(self):
+        """Yield ``(batch_ids, x or None)`` for the rest of the current epoch."""
+        if self.tensor_data:
+            for batch in self.sampler:
+                yield batch, None
+            return
+        loader = torch.utils.data.DataLoader(
+            _Indexed(self.data), batch_sampler=self.sampler, num_workers=self.config.num_workers,
+            generator=torch.Generator().manual_seed(self.config.seed + self.epoch))
+        for idx, x in loader:
+            yield idx.tolist(), x
+
+    def _maybe_checkpoint(self, force: bool = False) -> None:
+        c = self.config
+        if c.checkpoint_path is None:
+            return
+        if force or (c.checkpoint_every and self.global_step % c.checkpoint_every == 0):
+            self.save_checkpoint()
+
+    def fit(self) -> TrainResult:
+        """Train (resuming from ``config.checkpoint_path`` if it exists) and return the result."""
+        c = self.config
+        if c.checkpoint_path and c.resume and Path(c.checkpoint_path).is_file():
+            self.load_checkpoint()
+        elif self.global_step == 0:
+            seed_everything(c.seed)
+            self.generator.manual_seed(c.seed)
+        self._open_log()
+        bar = None
+        if c.progress:
+            try:
+                from tqdm.auto import tqdm
+                bar = tqdm(total=self.total_steps, initial=min(self.global_step, self.total_steps),
+                           desc="train", unit="step", leave=False)
+            except ImportError:  # pragma: no cover - tqdm is optional
+                bar = None
+        stopped = False
+        steps_per_epoch = len(self.sampler)
+        try:
+            while self.epoch < c.epochs:
+                if self.step_in_epoch >= steps_per_epoch:  # the current epoch is done
+                    if self.epoch + 1 >= c.epochs:
+                        break
+                    self.epoch, self.step_in_epoch, self.epoch_batches = self.epoch + 1, 0, []
+                if hasattr(self.sampler, "set_epoch"):
+                    self.sampler.set_epoch(self.epoch)
+                batches = self._batches()
+                while True:
+                    if c.max_steps is not None and self.global_step >= c.max_steps:
+                        stopped = True
+                        break
+                    sampler_before = getattr(self.sampler, "sampler_seconds", None)
+                    t0 = time.perf_counter()
+                    try:
+                        batch, x = next(batches)
+                    except StopIteration:
+                        break
+                    fetch = time.perf_counter() - t0
+                    record = self.train_step(batch, x)
+                    if self.tensor_data or sampler_before is None:
+                        # all the time the sampler took to hand over the batch
+                        record["sampler_seconds"] = fetch
+                    else:  # the loader's fetch includes data loading: the sampler's own clock
+                        record["sampler_seconds"] = self.sampler.sampler_seconds - sampler_before
+                    record["step_seconds"] += fetch
+                    self.global_step += 1
+                    self.step_in_epoch += 1
+                    self.epoch_batches.append([int(i) for i in batch])
+                    self.history.append(record)
+                    self._log(record)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{record['loss']:.3f}", epoch=self.epoch)
+                    if c.eval_every and self.global_step % c.eval_every == 0:
+                        self._record_eval()
+                    self._maybe_checkpoint()
+                if stopped:
+                    break
+                self.step_in_epoch = steps_per_epoch
+                self._maybe_checkpoint(force=True)
+            if stopped:
+                self._maybe_checkpoint(force=True)
+            if self.eval_data is not None and (not self.evals or
+                                               self.evals[-1]["step"] != self.global_step):
+                self._record_eval()
+        finally:
+            if bar is not None:
+                bar.close()
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+        return self.result(stopped_early=stopped and self.global_step < c.epochs * steps_per_epoch)
+
+    def _record_eval(self) -> None:
+        record = self.evaluate()
+        if record:
+            self.evals.append(record)
+            self._log(record)
+
+    def result(self, stopped_early: bool = False) -> TrainResult:
+        return TrainResult(
+            history=list(self.history), evals=list(self.evals), steps=self.global_step,
+            epochs=self.epoch + (1 if self.step_in_epoch >= len(self.sampler) else 0),
+            sampler_seconds=float(sum(r["sampler_seconds"] for r in self.history)),
+            step_seconds=float(sum(r["step_seconds"] for r in self.history)),
+            last_epoch_batches=[list(b) for b in self.epoch_batches],
+            stopped_early=stopped_early)
+
+
+def train(encoder: nn.Module, loss: nn.Module, sampler, data, labels=None,
+          config: TrainConfig | None = None, **kwargs) -> TrainResult:
+    """``Trainer(encoder, loss, sampler, data, labels, config=config, **kwargs).fit()``.
+
+    Keyword arguments are :class:`Trainer`'s (``head``, ``augment``, ``optimizer``,
+    ``eval_data``, ``bank``) or :class:`TrainConfig` fields.
+    """
+    return Trainer(encoder, loss, sampler, data, labels, config=config, **kwargs).fit()

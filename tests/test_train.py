@@ -1,0 +1,365 @@
+"""hardbatch.train (Trainer, evaluation helpers), hardbatch.datasets and the demo's building blocks."""
+
+import gzip
+import json
+import math
+import struct
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import hardbatch as hb
+from hardbatch.datasets import DataNotFoundError, data_root, load_digits, load_mnist
+from hardbatch.demo import digits_augment, digits_encoder, make_loss
+from hardbatch.losses import InfoNCE
+from hardbatch.metrics import batch_false_negative_rate
+from hardbatch.train import TrainConfig, Trainer, knn_accuracy, linear_probe_accuracy, train
+
+
+@pytest.fixture(scope="module")
+def digits():
+    x, y = load_digits()
+    return x[:160], y[:160]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: extra intra-op threads only add overhead (and collapse on a busy machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def noise_augment(x, generator=None):
+    return x + 0.05 * torch.randn(x.shape, generator=generator)
+
+
+def small_model(seed=0, d_in=64, d_out=8):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(d_in, 32), nn.ReLU(), nn.Linear(32, d_out))
+
+
+SAMPLERS = {
+    "uniform": lambda bank: hb.UniformBatchSampler(bank.num_items, 32, seed=1),
+    "proximity": lambda bank: hb.ProximityGraphSampler(
+        bank, 32, candidates=50, neighbors=10, restart=hb.LinearDecay(0.2, 0.05),
+        refresh_every=3, epochs=3, seed=1),
+    "knn": lambda bank: hb.KNNBatchSampler(bank, 32, refresh_every=4, seed=1),
+    "gcbs": lambda bank: hb.GCBSSampler(bank, 32, quantile=0.99, seed=1),
+}
+
+
+def make_trainer(x, y, sampler="proximity", seed=0, loss=None, **config):
+    config = {"epochs": 3, "seed": 3, "progress": False, "probe_max_iter": 30, **config}
+    return Trainer(small_model(seed), loss or InfoNCE(0.5), SAMPLERS[sampler], x, y,
+                   augment=noise_augment, config=TrainConfig(**config))
+
+
+# --------------------------------------------------------------------------- one step
+
+
+def test_train_step_feeds_bank_with_anchor_embeddings(digits):
+    x, y = digits
+    trainer = make_trainer(x, y, "uniform")
+    model_before = small_model(0)
+    model_before.load_state_dict(trainer.model.state_dict())
+    gen = torch.Generator()
+    gen.set_state(trainer.generator.get_state())
+    batch = list(range(10, 42))
+    record = trainer.train_step(batch)
+    # the bank holds z1 = model(view 1) of the pre-step weights: no extra forward pass
+    with torch.no_grad():
+        z1 = model_before(noise_augment(x[batch], gen))
+    torch.testing.assert_close(trainer.bank.embeddings[batch], z1)
+    assert trainer.bank.step == 1
+    assert (trainer.bank.last_update[batch] == 0).all()
+    assert (trainer.bank.last_update[:10] == -1).all()
+    assert set(record) >= {"step", "epoch", "loss", "hardness", "false_negative_rate",
+                           "step_seconds"}
+    assert math.isfinite(record["loss"]) and -1 <= record["hardness"] <= 1
+    assert record["false_negative_rate"] == pytest.approx(
+        batch_false_negative_rate(y, batch))
+    # the weights moved
+    assert not torch.equal(model_before[0].weight, trainer.model[0].weight)
+
+
+def test_fit_logs_every_step_refreshes_graph_from_bank(digits, tmp_path):
+    x, y = digits
+    trainer = make_trainer(x, y, "proximity", log_path=str(tmp_path / "log.jsonl"))
+    result = trainer.fit()
+    steps = 3 * len(trainer.sampler)
+    assert result.steps == steps == len(result.history) and result.epochs == 3
+    assert [r["step"] for r in result.history] == list(range(1, steps + 1))
+    assert trainer.bank.step == steps and trainer.bank.filled > 0.5  # walks may skip items
+    # refresh_every=3 over the whole run: steps 0, 3, 6, ...
+    assert trainer.sampler.refreshes == -(-steps // 3)
+    assert 0 < result.sampler_seconds < result.step_seconds
+    assert all(r["sampler_seconds"] >= 0 for r in result.history)
+    assert len(result.last_epoch_batches) == len(trainer.sampler)
+    # final evaluation on the held-out share (no eval_data given)
+    assert len(result.evals) == 1 and result.evals[0]["step"] == steps
+    assert 0 <= result.final["knn_accuracy"] <= 1 and 0 <= result.final["linear_probe_accuracy"] <= 1
+    lines = [json.loads(s) for s in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in lines] == ["step"] * steps + ["eval"]
+    assert [r["loss"] for r in lines[:-1]] == [r["loss"] for r in result.history]
+
+
+def test_no_labels_no_eval_and_nan_false_negatives(digits):
+    x, _ = digits
+    result = Trainer(small_model(), InfoNCE(0.5), SAMPLERS["gcbs"], x, augment=noise_augment,
+                     epochs=1, progress=False).fit()
+    assert result.evals == [] and result.final == {}
+    assert all(math.isnan(r["false_negative_rate"]) for r in result.history)
+
+
+def test_eval_every_and_eval_data(digits):
+    x, y = digits
+    x_test, y_test = load_digits()
+    trainer = Trainer(small_model(), InfoNCE(0.5), SAMPLERS["uniform"], x, y,
+                      augment=noise_augment, eval_data=(x_test[-100:], y_test[-100:]),
+                      config=TrainConfig(epochs=2, eval_every=4, progress=False))
+    result = trainer.fit()
+    assert [e["step"] for e in result.evals] == [4, 8, 10]  # and at the end
+    assert trainer.eval_data[0] is x and trainer.eval_data[2].shape[0] == 100
+
+
+def test_same_seed_same_run_other_seed_differs(digits):
+    x, y = digits
+    a = make_trainer(x, y, "knn", epochs=1).fit()
+    b = make_trainer(x, y, "knn", epochs=1).fit()
+    c = make_trainer(x, y, "knn", epochs=1, seed=4).fit()
+    loss = [r["loss"] for r in a.history]
+    assert loss == [r["loss"] for r in b.history]
+    assert a.last_epoch_batches == b.last_epoch_batches
+    assert loss != [r["loss"] for r in c.history]
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def _weights(trainer):
+    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.mark.parametrize("sampler,stop", [("proximity", 7), ("proximity", 10), ("gcbs", 8),
+                                          ("knn", 6)])
+def test_resume_equals_uninterrupted(digits, tmp_path, sampler, stop):
+    """Interrupt after ``stop`` steps, resume from the checkpoint: same weights, losses, batches.
+
+    SSCL draws synthetic negatives from its own generator, so the loss RNG is exercised too.
+    """
+    x, y = digits
+    cfg = {"eval_every": 6}  # 5 steps per epoch, 15 in all: stops mid-epoch and at an epoch end
+    full = make_trainer(x, y, sampler, loss=make_loss("sscl", 0.5, 0), **cfg)
+    full_result = full.fit()
+
+    ck, log = tmp_path / "ck.pt", tmp_path / "log.jsonl"
+    first = make_trainer(x, y, sampler, loss=make_loss("sscl", 0.5, 0), max_steps=stop,
+                         checkpoint_path=str(ck), log_path=str(log), **cfg)
+    partial = first.fit()
+    assert partial.steps == stop and partial.stopped_early and ck.is_file()
+    # a fresh process would rebuild everything; a different init proves the weights are loaded
+    resumed = make_trainer(x, y, sampler, seed=99, loss=make_loss("sscl", 0.5, 7),
+                           checkpoint_path=str(ck), log_path=str(log), **cfg)
+    assert resumed.global_step == 0
+    result = resumed.fit()
+
+    assert result.steps == full_result.steps and not result.stopped_early
+    for key, value in _weights(full).items():
+        assert torch.equal(value, _weights(resumed)[key]), key
+    assert [r["loss"] for r in result.history] == [r["loss"] for r in full_result.history]
+    assert [r["hardness"] for r in result.history] == [r["hardness"] for r in full_result.history]
+    assert result.last_epoch_batches == full_result.last_epoch_batches
+    assert [(e["step"], e["knn_accuracy"], e["linear_probe_accuracy"]) for e in result.evals] == \
+        [(e["step"], e["knn_accuracy"], e["linear_probe_accuracy"]) for e in full_result.evals]
+    torch.testing.assert_close(resumed.bank.embeddings, full.bank.embeddings, rtol=0, atol=0)
+    logged = [json.loads(s) for s in log.read_text().splitlines()]
+    assert [r["loss"] for r in logged if r["kind"] == "step"] == \
+        [r["loss"] for r in full_result.history]
+
+
+def test_checkpoint_every_and_resume_after_finish(digits, tmp_path):
+    x, y = digits
+    ck = tmp_path / "run" / "ck.pt"
+    trainer = make_trainer(x, y, "uniform", epochs=1, checkpoint_path=str(ck), checkpoint_every=2)
+    result = trainer.fit()
+    state = torch.load(ck, weights_only=False)
+    assert state["progress"]["global_step"] == result.steps
+    again = make_trainer(x, y, "uniform", epochs=1, checkpoint_path=str(ck)).fit()
+    assert again.steps == result.steps and len(again.history) == len(result.history)
+
+
+def test_bad_checkpoint_is_a_clear_error(digits, tmp_path):
+    x, y = digits
+    bad = tmp_path / "bad.pt"
+    torch.save({"something": 1}, bad)
+    trainer = make_trainer(x, y, "uniform", checkpoint_path=str(bad))
+    with pytest.raises(ValueError, match="not a hardbatch training checkpoint"):
+        trainer.fit()
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def test_dataset_input_through_dataloader(digits):
+    x, y = digits
+    dataset = torch.utils.data.TensorDataset(x, y)  # items are (input, label): input is used
+    result = Trainer(small_model(), InfoNCE(0.5), SAMPLERS["proximity"], dataset, y,
+                     augment=noise_augment, epochs=1, seed=3, progress=False).fit()
+    tensor_result = make_trainer(x, y, "proximity", epochs=1).fit()
+    assert result.steps == tensor_result.steps
+    np.testing.assert_allclose([r["loss"] for r in result.history],
+                               [r["loss"] for r in tensor_result.history], rtol=1e-6)
+
+
+def test_sampler_instance_with_bank_source_is_fed(digits):
+    x, y = digits
+    bank = hb.EmbeddingBank(len(x), 8)
+    sampler = hb.KNNBatchSampler(bank, 32, refresh_every=2)
+    trainer = Trainer(small_model(), InfoNCE(0.5), sampler, x, y, epochs=1, progress=False)
+    assert trainer.bank is bank
+    trainer.fit()
+    assert bank.step == len(sampler)
+
+
+def test_input_errors(digits):
+    x, y = digits
+    with pytest.raises(ValueError, match="one label per item"):
+        Trainer(small_model(), InfoNCE(0.5), SAMPLERS["uniform"], x, y[:10])
+    with pytest.raises(ValueError, match="N=100"):
+        Trainer(small_model(), InfoNCE(0.5), hb.UniformBatchSampler(100, 10), x, y)
+    with pytest.raises(TypeError, match="unknown option"):
+        Trainer(small_model(), InfoNCE(0.5), SAMPLERS["uniform"], x, y, epoch=3)
+    with pytest.raises(ValueError, match="epochs"):
+        TrainConfig(epochs=0)
+    with pytest.raises(ValueError, match="eval_data needs training labels"):
+        Trainer(small_model(), InfoNCE(0.5), SAMPLERS["uniform"], x, eval_data=(x, y))
+
+
+def test_train_function_and_loss_labels(digits):
+    x, y = digits
+    result = train(small_model(), InfoNCE(0.5), SAMPLERS["uniform"], x, y, epochs=1,
+                   progress=False, loss_labels=True, augment=noise_augment)
+    assert result.steps == len(result.history) > 0
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def test_knn_and_linear_probe_on_separable_data():
+    gen = torch.Generator().manual_seed(0)
+    centers = torch.eye(4) * 5
+    y_train = torch.arange(4).repeat(50)
+    y_test = torch.arange(4).repeat(10)
+    x_train = centers[y_train] + torch.randn(200, 4, generator=gen)
+    x_test = centers[y_test] + torch.randn(40, 4, generator=gen)
+    assert knn_accuracy(x_train, y_train, x_test, y_test, k=200, temperature=0.1) == 1.0
+    assert linear_probe_accuracy(x_train, y_train, x_test, y_test) == 1.0
+    # random labels: chance level, not perfect
+    y_rand = torch.randint(0, 4, (200,), generator=gen)
+    assert knn_accuracy(x_train, y_rand, x_test, y_test, k=5) < 0.8
+
+
+def test_knn_weighted_vote_small_case():
+    train_f = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]])
+    train_y = torch.tensor([0, 1, 1])
+    # k=2 neighbours of [1, 0]: item 0 (class 0, cos 1) outweighs item 1 (class 1, cos 0.99)
+    assert knn_accuracy(train_f, train_y, torch.tensor([[1.0, 0.0]]), torch.tensor([0]), k=2) == 1.0
+    # k=3 with a flat temperature: classes 1 gets two votes
+    assert knn_accuracy(train_f, train_y, torch.tensor([[1.0, 0.0]]), torch.tensor([1]), k=3,
+                        temperature=100.0) == 1.0
+
+
+# --------------------------------------------------------------------------- demo parts
+
+
+def test_digits_augment_is_batched_and_deterministic():
+    x, _ = load_digits()
+    a = digits_augment(x[:50], torch.Generator().manual_seed(1))
+    b = digits_augment(x[:50], torch.Generator().manual_seed(1))
+    c = digits_augment(x[:50], torch.Generator().manual_seed(2))
+    assert a.shape == (50, 64) and a.dtype == torch.float32
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert a.min() >= 0 and a.max() <= 1
+    # a view stays closer to its own digit than to the others
+    sims = nn.functional.normalize(a, dim=1) @ nn.functional.normalize(x[:50], dim=1).T
+    assert sims.diag().mean() > sims.mean() + 0.03
+    # with every perturbation switched off the view is the image itself
+    same = digits_augment(x[:50], torch.Generator().manual_seed(1), max_rotation=0.0,
+                          scale=(1.0, 1.0), max_shift=0.0, noise=0.0, dropout=0.0)
+    torch.testing.assert_close(same, x[:50], atol=1e-5, rtol=0)
+
+
+def test_digits_encoder_shapes():
+    encoder, head = digits_encoder()
+    f = encoder(torch.rand(5, 64))
+    assert f.shape == (5, 128) and head(f).shape == (5, 64)
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+def test_load_digits():
+    x, y = load_digits()
+    assert x.shape == (1797, 64) and x.dtype == torch.float32
+    assert float(x.min()) == 0.0 and float(x.max()) == 1.0
+    assert y.dtype == torch.int64 and sorted(y.unique().tolist()) == list(range(10))
+
+
+def _write_idx(path, array, compress):
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(
+        f">{array.ndim}I", *array.shape)
+    payload = header + array.astype(np.uint8).tobytes()
+    if compress:
+        with gzip.open(path, "wb") as fh:
+            fh.write(payload)
+    else:
+        path.write_bytes(payload)
+
+
+@pytest.mark.parametrize("compress,layout", [(True, "images/mnist"), (False, "."),
+                                             (True, "MNIST/raw")])
+def test_load_mnist_layouts(tmp_path, monkeypatch, compress, layout):
+    folder = tmp_path / layout
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (5, 28, 28))
+    labels = np.array([3, 1, 4, 1, 5])
+    suffix = ".gz" if compress else ""
+    _write_idx(folder / f"t10k-images-idx3-ubyte{suffix}", images, compress)
+    _write_idx(folder / f"t10k-labels-idx1-ubyte{suffix}", labels, compress)
+    x, y = load_mnist(tmp_path, split="test")
+    assert x.dtype == torch.uint8 and x.shape == (5, 28, 28)
+    np.testing.assert_array_equal(x.numpy(), images)
+    assert y.dtype == torch.int64 and y.tolist() == labels.tolist()
+    monkeypatch.setenv("HARDBATCH_DATA", str(tmp_path))
+    assert torch.equal(load_mnist(split="test")[1], y)
+
+
+def test_missing_data_errors_name_the_env_var(tmp_path, monkeypatch):
+    with pytest.raises(DataNotFoundError, match="HARDBATCH_DATA"):
+        load_mnist(tmp_path, split="train")
+    monkeypatch.setenv("HARDBATCH_DATA", str(tmp_path / "nope"))
+    with pytest.raises(DataNotFoundError, match="HARDBATCH_DATA"):
+        data_root()
+    with pytest.raises(ValueError, match="split"):
+        load_mnist(tmp_path, split="validation")
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"not an idx file")
+    (tmp_path / "train-labels-idx1-ubyte").write_bytes(b"not an idx file")
+    with pytest.raises(ValueError, match="IDX"):
+        load_mnist(tmp_path)
+
+
+def test_data_root_resolution(tmp_path, monkeypatch):
+    assert data_root(tmp_path) == tmp_path
+    monkeypatch.setenv("HARDBATCH_DATA", str(tmp_path))
+    assert data_root() == tmp_path
+
+
+def test_load_real_mnist(data_root):
+    x, y = load_mnist(data_root, split="test")
+    assert x.shape == (10000, 28, 28) and x.dtype == torch.uint8
+    assert torch.bincount(y).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
