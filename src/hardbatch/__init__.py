@@ -7,6 +7,16 @@ random walks, kNN, GCBS), and the contrastive losses that exploit them.
 from .embeddings import EmbeddingBank
 from .gcbs import gcbs_permutation
 from .graph import knn_graph, proximity_graph
+from .losses import (
+    DebiasedInfoNCE,
+    HardNegativeInfoNCE,
+    InfoNCE,
+    SSCLLoss,
+    debiased_info_nce,
+    hard_negative_info_nce,
+    info_nce,
+    sscl_loss,
+)
 from .samplers import GCBSSampler, KNNBatchSampler, ProximityGraphSampler, UniformBatchSampler
 from .schedules import LinearDecay
 from .walks import walk_batches
@@ -14,14 +24,22 @@ from .walks import walk_batches
 __version__ = "0.1.0"
 
 __all__ = [
+    "DebiasedInfoNCE",
     "EmbeddingBank",
     "GCBSSampler",
+    "HardNegativeInfoNCE",
+    "InfoNCE",
     "KNNBatchSampler",
     "LinearDecay",
     "ProximityGraphSampler",
+    "SSCLLoss",
     "UniformBatchSampler",
+    "debiased_info_nce",
     "gcbs_permutation",
+    "hard_negative_info_nce",
+    "info_nce",
     "knn_graph",
     "proximity_graph",
+    "sscl_loss",
     "walk_batches",
 ]
