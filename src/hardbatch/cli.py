@@ -173,7 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .inspect_cli import add_inspect_parser
 
     add_inspect_parser(subparsers)
-    # planned: bench (sampler throughput), eval (downstream evaluation of a checkpoint)
+    bench = subparsers.add_parser("bench", help="reproduce the papers' experiments on real data",
+                                  description="Benchmarks on real data; one JSON per run, reruns "
+                                              "skip finished runs.")
+    bench_sub = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK")
+    from .recipes.graphcl import add_graphcl_parser
+
+    add_graphcl_parser(bench_sub)
     return parser
 
 

@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+"""Build docs/results/graphs.md (and per-dataset figures) from the GraphCL run JSONs.
+
+    python scripts/report_graphs.py [--results results/graphs] [--out docs/results/graphs.md]
+
+Only runs with the paper's configuration (no ``tag``) enter the tables; runs with overrides
+(``--epochs 1`` ...) are counted separately. Missing runs are listed as missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+DATASETS = ["IMDB-BINARY", "COLLAB", "REDDIT-BINARY", "PROTEINS", "MUTAG", "NCI1"]
+SHORT = {"IMDB-BINARY": "IMDB-B", "REDDIT-BINARY": "REDDIT-B"}
+SAMPLERS = ["uniform", "knn", "proximity", "gcbs"]
+LOSSES = ["infonce", "dcl", "hcl"]
+EXPECTED_SEEDS = {"infonce": 5, "dcl": 3, "hcl": 3}
+ROW_NAME = {"uniform": "GraphCL (uniform)", "knn": "+ kNN sampler",
+            "proximity": "+ BatchSampler (proximity, RWR)", "gcbs": "+ GCBS"}
+LOSS_NAME = {"infonce": "InfoNCE", "dcl": "DCL (tau+ 0.1)", "hcl": "HCL (tau+ 0.1, beta 1)"}
+# BatchSampler paper (KDD 2023), Table 3 / Table 10, GraphCL rows
+PAPER = {
+    "uniform": dict(zip(DATASETS, [70.90, 70.62, 90.54, 74.39, 86.80, 77.87])),
+    "proximity": dict(zip(DATASETS, [71.90, 71.48, 90.88, 75.04, 87.78, 78.93])),
+    "knn": dict(zip(DATASETS, [70.72, 70.59, 90.21, 74.17, 86.46, 77.27])),
+}
+
+
+EPOCHS = {"IMDB-BINARY": 100, "COLLAB": 20, "REDDIT-BINARY": 50, "PROTEINS": 20, "MUTAG": 20,
+          "NCI1": 20}
+PARTS = ("bank_init", "data", "augment", "forward_backward", "sampler", "metrics", "eval_embed",
+         "eval_svm")
+SHORT_RUNS: dict = defaultdict(list)  # dataset -> tagged e<k> records (timing probes)
+
+
+NOTES = """## Setup (what the numbers are)
+
+- Command: `hardbatch bench graphcl --dataset NAME --sampler all --loss infonce --seeds 5
+  --out results/graphs/` (same as `python -m hardbatch.recipes.graphcl ...`); the whole grid:
+  `WORKERS=2 nohup scripts/graph_grid.sh > results/graphs/grid.log 2>&1 &` (resumable).
+- Model as GraphCL's `unsupervised_TU` code: 3 GIN layers (hidden 32, `relu(GINConv) -> BN`),
+  sum pooling of every layer concatenated (96-d, the evaluated embedding), projection head
+  Linear-ReLU-Linear (96), Xavier init, Adam lr 0.01, temperature 0.2, hyper-parameters of the
+  paper's Table 15 (B / epochs / t / M / K per dataset), restart LinearDecay(0.2 -> 0.05).
+- Views: the anchor is the original graph and the positive one augmentation drawn per graph from
+  {node dropping, edge removal, attribute masking, subgraph} at ratio 0.2 (GraphCL's released
+  code, `aug=random4`); `--views aug+aug` augments both. Augmentations run on the whole
+  collated batch at once (`hardbatch.recipes.graphcl.augment`).
+- Loss: hardbatch `InfoNCE(0.2, form="simcse")` (the positive is in the denominator; GraphCL's
+  `loss_cal` leaves it out), `DebiasedInfoNCE` / `HardNegativeInfoNCE` (tau+ 0.1, beta 1).
+- Samplers read an `EmbeddingBank` of the anchor readouts (detached, updated every step), seeded by
+  one encoding pass of the untrained encoder (GraphCL's script also embeds before training);
+  kNN / BatchSampler refresh every t steps, GCBS every epoch with quantile
+  `1 - 2B/(N-1)` clipped to [0.5, 0.999] (about 2B kept pairs per row; recorded per run).
+  With the paper's t, MUTAG (2 steps/epoch x 20 epochs = 40 steps < t = 50) builds its graph once,
+  from the untrained encoder.
+- Node features: one-hot node labels (MUTAG, PROTEINS, NCI1); one-hot degree capped at 64 for
+  IMDB-B / COLLAB / REDDIT-B (GraphCL's released code uses a constant feature there:
+  `--features constant`).
+- Speed: augmentations are one compiled (numba) pass per batch, O(n + E); batches are collated
+  with vectorised gathers from flat tensors (`--loader pyg` uses
+  `torch_geometric.loader.DataLoader(dataset, batch_sampler=sampler)`, same batches);
+  GIN aggregation is a sparse CSR product (2x less CPU than PyG's gather/scatter on COLLAB,
+  identical outputs); the SVM uses a precomputed RBF Gram matrix (gamma = sklearn's `"scale"`
+  value over all graphs) and an explicit inner-CV loop (same selection as GridSearchCV, checked
+  in tests); `--svm-kernel rbf` is GraphCL's `SVC()` call. Runs finished before each change
+  used the older (equivalent) code paths.
+- Deviations to keep in mind: single CPU thread per run; evaluation once after the last epoch
+  (GraphCL evaluates every 10 epochs); the SVM's outer/inner folds are seeded by the run seed.
+""".splitlines() + [""]
+
+
+def load(results: Path) -> tuple[dict, int]:
+    runs: dict = defaultdict(dict)
+    tagged = 0
+    for f in sorted(results.glob("*.json")):
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if "accuracy" not in rec:
+            continue
+        if rec.get("tag"):
+            tagged += 1
+            if rec["tag"].startswith("e") and rec["tag"][1:].isdigit():
+                SHORT_RUNS[rec["dataset"]].append(rec)
+            continue
+        runs[(rec["dataset"], rec["sampler"], rec["loss"])][rec["seed"]] = rec
+    return runs, tagged
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return math.nan, math.nan
+    m = statistics.fmean(values)
+    s = statistics.stdev(values) if len(values) > 1 else 0.0
+    return m, s
+
+
+def cell(runs: dict, key, expected: int) -> str:
+    recs = runs.get(key, {})
+    if not recs:
+        return "—"
+    m, s = mean_std([100 * r["accuracy"] for r in recs.values()])
+    mark = "" if len(recs) >= expected else f" ({len(recs)}/{expected})"
+    return f"{m:.2f} ± {s:.2f}{mark}"
+
+
+def fmt_time(sec: float) -> str:
+    if math.isnan(sec):
+        return "—"
+    if sec < 120:
+        return f"{sec:.0f} s"
+    if sec < 7200:
+        return f"{sec / 60:.1f} min"
+    return f"{sec / 3600:.2f} h"
+
+
+def plot(runs: dict, dataset: str, fig_dir: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    have = [s for s in SAMPLERS if runs.get((dataset, s, "infonce"))]
+    if not have:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for s in have:
+        recs = list(runs[(dataset, s, "infonce")].values())
+        steps = min(len(r["trace"]["step"]) for r in recs)
+        if steps == 0:
+            continue
+        x = recs[0]["trace"]["step"][:steps]
+        window = max(1, sum(1 for e in recs[0]["trace"]["epoch"] if e == 0))  # one epoch
+        for ax, key in zip(axes, ("false_negative_rate", "hardness")):
+            cols = [[r["trace"][key][i] for r in recs] for i in range(steps)]
+            y = [statistics.fmean(v for v in c if not math.isnan(v))
+                 if any(not math.isnan(v) for v in c) else math.nan
+                 for c in cols]
+            # trailing mean over one epoch of steps (the short last batch makes raw values
+            # zig-zag)
+            sm = [statistics.fmean(y[max(0, i - window + 1):i + 1]) for i in range(len(y))]
+            ax.plot(x, sm, label=f"{s} ({len(recs)} seeds)", lw=1.2)
+    axes[0].set_title(f"{dataset}: false-negative rate per batch", fontsize=10)
+    axes[1].set_title(f"{dataset}: hardness (mean top-1 negative cosine)", fontsize=10)
+    for ax in axes:
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    path = fig_dir / f"graphcl_{dataset}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--results", default="results/graphs")
+    ap.add_argument("--out", default="docs/results/graphs.md")
+    ap.add_argument("--figures", default=None, help="default: <out dir>/figures")
+    args = ap.parse_args(argv)
+    results, out = Path(args.results), Path(args.out)
+    fig_dir = Path(args.figures) if args.figures else out.parent / "figures"
+    runs, tagged = load(results)
+    datasets = DATASETS + sorted({k[0] for k in runs} - set(DATASETS))
+    lines = ["# GraphCL on TU datasets: samplers and losses (BatchSampler paper, Table 3)", "",
+             f"Generated by `scripts/report_graphs.py` from `{results}/*.json` on "
+             f"{time.strftime('%Y-%m-%d %H:%M')}. Do not edit by hand; rerun the script.", "",
+             "Accuracy: 10-fold stratified CV of an RBF SVM (C by inner 5-fold CV over "
+             "1e-3..1e3) on frozen 96-d GIN readouts, mean ± std over seeds (std of the per-seed "
+             "means). `(k/n)`: only k of the n planned seeds are finished. `—`: no run yet. "
+             "Paper numbers: BatchSampler (KDD 2023) Table 3 / Table 10.", ""]
+    head = "| row | " + " | ".join(SHORT.get(d, d) for d in datasets) + " |"
+    sep = "|---|" + "---|" * len(datasets)
+    for loss in LOSSES:
+        lines += [f"## {LOSS_NAME[loss]}", "", head, sep]
+        for s in SAMPLERS:
+            row = [cell(runs, (d, s, loss), EXPECTED_SEEDS[loss]) for d in datasets]
+            lines.append(f"| {ROW_NAME[s]} | " + " | ".join(row) + " |")
+            if loss == "infonce" and s in PAPER:
+                paper = [f"{PAPER[s][d]:.2f}" if d in PAPER[s] else "" for d in datasets]
+                lines.append(f"| *paper: {ROW_NAME[s]}* | " + " | ".join(paper) + " |")
+        lines.append("")
+    lines += NOTES
+    # goals
+    lines += ["## Goals, as measured", ""]
+    gaps, wins, compared = [], 0, 0
+    for d in datasets:
+        base = runs.get((d, "uniform", "infonce"), {})
+        prox = runs.get((d, "proximity", "infonce"), {})
+        if base and d in PAPER["uniform"]:
+            m, _ = mean_std([100 * r["accuracy"] for r in base.values()])
+            gaps.append(f"{SHORT.get(d, d)} {m - PAPER['uniform'][d]:+.2f}"
+                        f"{'' if len(base) >= 5 else f' ({len(base)}/5 seeds)'}")
+        if base and prox:
+            compared += 1
+            mb, _ = mean_std([r["accuracy"] for r in base.values()])
+            mp, _ = mean_std([r["accuracy"] for r in prox.values()])
+            wins += mp > mb
+    lines.append("- Baseline (uniform, InfoNCE) minus paper's GraphCL, points (goal: within ±1.5): "
+                 + (", ".join(gaps) if gaps else "no runs yet") + ".")
+    lines.append(f"- BatchSampler beats uniform (InfoNCE, mean accuracy) on {wins} of {compared} "
+                 "datasets with both rows measured (goal: >= 4 of 6).")
+    lines.append("")
+    # completeness and times
+    lines += ["## Completeness and run times", "",
+              "Wall time per run (training + evaluation, seconds, mean over finished seeds), "
+              "and the share of it spent in the SVM evaluation.", "",
+              "| dataset | loss | sampler | seeds done | missing seeds | wall/run | SVM share | "
+              "steps |", "|---|---|---|---|---|---|---|---|"]
+    missing_total, done_total, planned_total = 0, 0, 0
+    grid_time = 0.0
+    for d in datasets:
+        for loss in LOSSES:
+            for s in SAMPLERS:
+                recs = runs.get((d, s, loss), {})
+                exp = EXPECTED_SEEDS[loss]
+                miss = [str(i) for i in range(exp) if i not in recs]
+                planned_total += exp
+                done_total += exp - len(miss)
+                missing_total += len(miss)
+                if recs:
+                    wall = statistics.fmean(r["wall_time_s"] for r in recs.values())
+                    svm = statistics.fmean(r["timings_s"]["eval_svm"] / r["wall_time_s"]
+                                           for r in recs.values())
+                    steps = next(iter(recs.values()))["steps"]
+                    grid_time += sum(r["wall_time_s"] for r in recs.values())
+                    lines.append(f"| {d} | {loss} | {s} | {len(recs)}/{exp} | "
+                                 f"{','.join(miss) or '-'} | {fmt_time(wall)} | "
+                                 f"{100 * svm:.0f}% | {steps} |")
+                else:
+                    lines.append(f"| {d} | {loss} | {s} | 0/{exp} | all (missing) | — | — | — |")
+    lines += ["", f"Finished {done_total} of {planned_total} planned runs "
+              f"({missing_total} missing); wall time of the finished runs: "
+              f"{fmt_time(grid_time)} in total."]
+    # where the time goes, and the extrapolated InfoNCE grid
+    lines += ["", "### Where the time goes (InfoNCE runs; wall seconds per run, mean)", "",
+              "Measured on a shared 2-core machine while other jobs ran (load average 4-9 on 2 "
+              "cores), one torch thread per run, two grid workers plus a timing probe in "
+              "parallel: wall times are inflated by contention, CPU times are not (much).", "",
+              "| dataset | source | " + " | ".join(PARTS) + " | wall/run | CPU/run |",
+              "|---|---|" + "---|" * (len(PARTS) + 2)]
+    est_rows = []
+    for d in datasets:
+        full = [r for s in SAMPLERS for r in runs.get((d, s, "infonce"), {}).values()]
+        probes = [r for r in SHORT_RUNS.get(d, []) if r.get("epoch_cpu_s")]
+        src_recs = full or probes
+        if not src_recs:
+            lines.append(f"| {d} | not measured |" + " |" * (len(PARTS) + 2))
+            continue
+        src = (f"{len(full)} full runs" if full else
+               f"{len(probes)} probe(s), {probes[0]['config']['epochs']} epochs")
+        parts = {k: statistics.fmean(r["timings_s"][k] for r in src_recs) for k in PARTS}
+        wall = statistics.fmean(r["wall_time_s"] for r in src_recs)
+        cpus = [r["cpu_time_s"] for r in src_recs if "cpu_time_s" in r]
+        cpu = statistics.fmean(cpus) if cpus else math.nan
+        lines.append(f"| {d} | {src} | " + " | ".join(f"{parts[k]:.1f}" for k in PARTS)
+                     + f" | {fmt_time(wall)} | {fmt_time(cpu)} |")
+        # per-run estimate for the paper's epochs
+        ep = EPOCHS.get(d, 20)
+        with_cpu = [r for r in full if r.get("epoch_cpu_s")]
+        from_full = bool(with_cpu)
+        with_cpu = with_cpu or probes
+        if with_cpu:
+            def est(r, key_total, key_epochs, ep=ep):
+                per_epoch = r[key_epochs][1:] or r[key_epochs]
+                fixed = r[key_total] - sum(r[key_epochs])
+                return fixed + statistics.median(per_epoch) * ep
+            est_wall = statistics.fmean(est(r, "wall_time_s", "epoch_wall_s") for r in with_cpu)
+            est_cpu = statistics.fmean(est(r, "cpu_time_s", "epoch_cpu_s") for r in with_cpu)
+            epoch_cpu = statistics.fmean(statistics.median(r["epoch_cpu_s"][1:] or
+                                                           r["epoch_cpu_s"]) for r in with_cpu)
+            svm_cpu = statistics.fmean(r.get("eval_svm_cpu_s", math.nan) for r in with_cpu)
+            est_rows.append((d, f"{len(with_cpu)} full runs" if from_full else
+                             f"{len(with_cpu)} probe(s) of {with_cpu[0]['config']['epochs']} "
+                             "epochs, extrapolated", epoch_cpu,
+                             svm_cpu, est_wall, est_cpu))
+    lines += ["", "### Extrapolated InfoNCE grid (6 datasets x 4 samplers x 5 seeds)", "",
+              "Per run: fixed cost (bank init, evaluation) + median per-epoch time (after the "
+              "first epoch) x the paper's epochs; grid = 20 runs per dataset.", "",
+              "| dataset | from | train CPU s/epoch | SVM eval CPU s | run wall (est.) | "
+              "run CPU (est.) | 20 runs, CPU |", "|---|---|---|---|---|---|---|"]
+    total_cpu = 0.0
+    for d, src, epoch_cpu, svm_cpu, est_wall, est_cpu in est_rows:
+        total_cpu += 20 * est_cpu
+        lines.append(f"| {d} | {src} | {epoch_cpu:.1f} | {svm_cpu:.1f} | {fmt_time(est_wall)} | "
+                     f"{fmt_time(est_cpu)} | {fmt_time(20 * est_cpu)} |")
+    lines += ["", f"Sum over the {len(est_rows)} datasets with CPU timings: {fmt_time(total_cpu)} "
+              f"of single-thread CPU time, i.e. about {fmt_time(total_cpu / 2)} on 2 idle cores "
+              "with two workers (goal: <= 4 h). Datasets without CPU timings are not in the sum."]
+    probe_file = results / "timing_probes.json"
+    if probe_file.is_file():
+        probes = json.loads(probe_file.read_text())
+        lines += ["", "### Training-only timing probes (no evaluation)", "",
+                  f"From `{probe_file}` (written by hand from `/tmp/train_probe.py`-style "
+                  "probes: a few epochs of training with the evaluation stubbed out). SVM CPU "
+                  "for these datasets is an *estimate* scaled from NCI1, marked as such.", "",
+                  "| dataset | sampler | train CPU s/epoch | epochs | train CPU/run | SVM CPU (est.) | "
+                  "run CPU (est.) | 20 runs, CPU (est.) |", "|---|---|---|---|---|---|---|---|"]
+        probe_total = 0.0
+        measured = {row[0] for row in est_rows}
+        for p in probes:
+            train = p["epoch_cpu"] * p["epochs"]
+            run = train + p["svm_cpu_estimate"]
+            if p["dataset"] not in measured:
+                probe_total += 20 * run
+            lines.append(f"| {p['dataset']} | {p['sampler']} | {p['epoch_cpu']:.1f} | "
+                         f"{p['epochs']} | {fmt_time(train)} | ~{fmt_time(p['svm_cpu_estimate'])} | "
+                         f"~{fmt_time(run)} | ~{fmt_time(20 * run)} |")
+        grand = total_cpu + probe_total
+        lines += ["", f"**Whole InfoNCE grid, measured + estimated: ~{fmt_time(grand)} of "
+                  f"single-thread CPU, i.e. ~{fmt_time(grand / 2)} on 2 idle cores with two "
+                  "workers** (goal <= 4 h; REDDIT-B / COLLAB SVM times are estimates). On the "
+                  "shared machine these runs got 15-50% of a core each, so the observed wall "
+                  "time is several times longer.", ""]
+    if tagged:
+        lines.append(f"({tagged} further runs with non-paper settings, e.g. `--epochs 1` smoke "
+                     "tests, are not in these tables.)")
+    lines.append("")
+    # figures
+    figs = []
+    for d in datasets:
+        p = plot(runs, d, fig_dir)
+        if p is not None:
+            figs.append((d, p))
+    if figs:
+        lines += ["## False-negative rate and hardness over training (InfoNCE)", "",
+                  "Per logged step, of the batch's bank embeddings (anchor readout, right after the "
+                  "step's update) and graph labels; mean over seeds, then a trailing mean over "
+                  "one epoch of steps.", ""]
+        for d, p in figs:
+            rel = p.relative_to(out.parent) if p.is_relative_to(out.parent) else p
+            lines.append(f"![{d}]({rel.as_posix()})")
+            lines.append("")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out} ({done_total}/{planned_total} runs, {len(figs)} figures)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,3 @@
+"""End-to-end recipes (benchmarks reproducing papers' tables) built on hardbatch's samplers."""
+
+__all__ = ["graphcl", "tu"]
