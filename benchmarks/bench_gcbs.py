@@ -54,7 +54,7 @@ def main(argv=None):
     p.add_argument("--dims", type=int, nargs="+", default=[768, 384])
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--quantile", type=float, default=0.999)
-    p.add_argument("--nprobe", type=int, default=16)
+    p.add_argument("--nprobe", type=int, default=8)
     p.add_argument("--methods", nargs="+", default=["ivf", "exact"])
     p.add_argument("--data-dir", default=None)
     p.add_argument("--json", default=None)

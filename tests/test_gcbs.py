@@ -53,6 +53,16 @@ def test_threshold_estimate_from_sampled_rows(rng):
     assert estimate == pytest.approx(exact, abs=0.01)
 
 
+def test_ivf_pairs_are_a_subset_with_high_recall(rng):
+    x = unit_rows(rng, 2000, 8)
+    exact = set(zip(*[a.tolist() for a in thresholded_pairs(x, x, 0.9)]))
+    approx = set(zip(*[a.tolist() for a in thresholded_pairs(x, x, 0.9, "ivf", nprobe=8)]))
+    assert approx <= exact and len(approx) > 0.8 * len(exact)
+    everything = set(zip(*[a.tolist() for a in thresholded_pairs(x, x, 0.9, "ivf", nlist=10,
+                                                                   nprobe=10)]))
+    assert everything == exact  # probing every list is exact
+
+
 def test_exact_pairs_match_dense(rng):
     x = unit_rows(rng, 150, 5)
     rows, cols = thresholded_pairs(x, x, 0.8)
@@ -100,13 +110,14 @@ def test_gcbs_epochs_differ_through_seed(rng):
     assert sorted(a.tolist()) == sorted(b.tolist()) and not torch.equal(a, b)
 
 
-def test_gcbs_ivf_close_to_exact(rng):
-    pytest.importorskip("faiss")
-    x = unit_rows(rng, 3000, 16)
-    x[1500:] += 0.5 * x[:1500]
-    exact = hb.gcbs_permutation(x, 0.999, method="exact").numpy()
-    approx = hb.gcbs_permutation(x, 0.999, method="ivf", nprobe=8).numpy()
-    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+@pytest.mark.parametrize("method", ["ivf", "faiss"])
+def test_gcbs_approximations_close_to_exact(mnist_pca, method):
+    if method == "faiss":
+        pytest.importorskip("faiss")
+    xn = mnist_pca[0][:8000]
+    exact = hb.gcbs_permutation(xn, 0.999, method="exact").numpy()
+    approx = hb.gcbs_permutation(xn, 0.999, method=method).numpy()
+    assert sorted(approx.tolist()) == list(range(len(xn)))
 
     def top1(perm):
         vals = []
@@ -123,7 +134,7 @@ def test_gcbs_ivf_close_to_exact(rng):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(quantile=0.0), "quantile=0.0 must lie strictly between 0 and 1"),
     (dict(quantile=1.2), "quantile=1.2"),
-    (dict(method="hnsw"), "method='hnsw' must be 'exact' or 'ivf'"),
+    (dict(method="hnsw"), "method='hnsw' must be 'exact', 'ivf' or 'faiss'"),
     (dict(paired=np.ones((5, 4), np.float32)), "paired has shape"),
 ])
 def test_gcbs_bad_input(rng, kwargs, match):

@@ -13,7 +13,7 @@ gathers M rows of the embedding matrix: N*M*d reads (15 GB for MNIST's 60k
 items at M=1000, d=64; 650 GB at ImageNet scale), which is what makes the
 authors' gather + bmm slow. We let items share candidate pools in small
 random groups of ``group_size`` items (default: the largest divisor of M up
-to ``min(32, M // 16)``, far below M): one gather of M rows then serves g items and becomes a small dense
+to ``min(64, M // 16)``, far below M): one gather of M rows then serves g items and becomes a small dense
 matrix product, cutting memory traffic g-fold.
 
 Naive sharing changes the graph's statistics: if a popular item lands in a
@@ -61,11 +61,11 @@ _BLOCK_ELEMENTS = 1 << 22
 
 
 def default_group_size(candidates: int, num_items: int) -> int:
-    """Items sharing one candidate pool: the largest divisor of M up to ``min(32, M // 16)``.
+    """Items sharing one candidate pool: the largest divisor of M up to ``min(64, M // 16)``.
 
     A divisor of M avoids a partial last round of the pool design.
     """
-    cap = int(max(1, min(32, candidates // 16, num_items - candidates)))
+    cap = int(max(1, min(64, candidates // 16, num_items - candidates)))
     return max(g for g in range(1, cap + 1) if candidates % g == 0 or g == 1)
 
 
@@ -191,8 +191,8 @@ def proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 100
         neighbors: K, neighbours kept per item.
         seed: seed of the candidate draws; same inputs and seed give the same graph.
         group_size: items sharing one candidate pool (see the module docstring);
-            default: the largest divisor of M up to ``min(32, M // 16)`` (25 for
-            M = 1000); 1 gives fully independent pools.
+            default: the largest divisor of M up to ``min(64, M // 16)`` (50 for
+            M = 1000, 25 for M = 500); 1 gives fully independent pools.
 
     Returns:
         int64 tensor [N, K]; row i holds i's neighbours by decreasing similarity.

@@ -224,24 +224,25 @@ class GCBSSampler(_PlanSampler):
         batch_size: B.
         quantile: sparsification quantile (paper: 0.999).
         paired: the Y side of paired data (same kinds as ``embeddings``), or None.
-        method: ``"exact"`` or ``"ivf"`` (faiss) thresholding.
+        method: ``"exact"``, ``"ivf"`` or ``"faiss"`` thresholding (see gcbs_permutation).
         shuffle_batches: visit the batches in random order (default False: the
             paper's sequential order).
         drop_last, seed, rank, world_size: as in every sampler.
     """
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, quantile: float = 0.999, *,
-                 paired: EmbeddingSource | None = None, method: Literal["exact", "ivf"] = "exact",
+                 paired: EmbeddingSource | None = None,
+                 method: Literal["exact", "ivf", "faiss"] = "exact",
                  shuffle_batches: bool = False, drop_last: bool = False, seed: int = 0,
-                 nlist: int | None = None, nprobe: int = 16, rank: int | None = None,
+                 nlist: int | None = None, nprobe: int = 8, rank: int | None = None,
                  world_size: int | None = None) -> None:
         n, self._first = source_num_items(embeddings)
         super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
                          world_size=world_size)
         if not 0.0 < float(quantile) < 1.0:
             raise ValueError(f"quantile={quantile} must lie strictly between 0 and 1")
-        if method not in ("exact", "ivf"):
-            raise ValueError(f"method={method!r} must be 'exact' or 'ivf'")
+        if method not in ("exact", "ivf", "faiss"):
+            raise ValueError(f"method={method!r} must be 'exact', 'ivf' or 'faiss'")
         self.source, self.paired = embeddings, paired
         self.quantile, self.method = float(quantile), method
         self.shuffle_batches = bool(shuffle_batches)
