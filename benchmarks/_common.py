@@ -34,16 +34,10 @@ def peak_rss_gb() -> float:
 
 
 def mnist_pca64(root=None) -> tuple[np.ndarray, np.ndarray]:
-    """MNIST train (60k) projected to 64 PCA dims fitted on the first 10k images; unit rows."""
-    from hardbatch.datasets import data_root, load_mnist
+    """MNIST train (60k) in 64 PCA dims, unit rows (hardbatch.datasets.mnist_pca)."""
+    from hardbatch.datasets import data_root, mnist_pca
 
-    images, labels = load_mnist(data_root(root), split="train")
-    x = images.reshape(len(images), -1).numpy().astype(np.float32) / 255.0
-    x -= x.mean(axis=0)
-    _, _, vt = np.linalg.svd(x[:10000], full_matrices=False)
-    z = x @ vt[:64].T
-    z /= np.linalg.norm(z, axis=1, keepdims=True)
-    return np.ascontiguousarray(z, np.float32), labels.numpy()
+    return mnist_pca(data_root(root))
 
 
 def wiki_minilm(root=None, limit: int = 100_000) -> np.ndarray:

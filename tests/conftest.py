@@ -36,12 +36,6 @@ def unit_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
 @pytest.fixture(scope="session")
 def mnist_pca(data_root):
     """MNIST train images projected to 64 PCA dims (fit on 10k images), unit rows; and labels."""
-    from hardbatch.datasets import load_mnist
+    from hardbatch.datasets import mnist_pca
 
-    images, labels = load_mnist(data_root, split="train")
-    x = images.reshape(len(images), -1).numpy().astype(np.float32) / 255.0
-    x -= x.mean(axis=0)
-    _, _, vt = np.linalg.svd(x[:10000], full_matrices=False)
-    z = x @ vt[:64].T
-    z /= np.linalg.norm(z, axis=1, keepdims=True)
-    return np.ascontiguousarray(z, np.float32), labels.numpy()
+    return mnist_pca(data_root)

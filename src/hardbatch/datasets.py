@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["ENV_VAR", "DataNotFoundError", "data_root", "load_digits", "load_mnist"]
+__all__ = ["ENV_VAR", "DataNotFoundError", "data_root", "load_digits", "load_mnist", "mnist_pca"]
 
 ENV_VAR = "HARDBATCH_DATA"
 
@@ -143,3 +143,20 @@ def load_mnist(root: str | os.PathLike | None = None,
                          f"({paths[0]}, {paths[1]})")
     return (torch.from_numpy(images.astype(np.uint8, copy=False)),
             torch.from_numpy(labels.astype(np.int64)))
+
+
+def mnist_pca(root: str | os.PathLike | None = None, dims: int = 64,
+              fit_size: int = 10000) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST train images in ``dims`` PCA dimensions (fitted on the first ``fit_size``), unit rows.
+
+    The embedding used by the sampler statistics test and benchmarks (the
+    BatchSampler paper's Fig. 4 setting on real data). Returns float32
+    [60000, dims] and int64 labels.
+    """
+    images, labels = load_mnist(root, split="train")
+    x = images.reshape(len(images), -1).numpy().astype(np.float32) / 255.0
+    x -= x.mean(axis=0)
+    _, _, vt = np.linalg.svd(x[:fit_size], full_matrices=False)
+    z = x @ vt[:dims].T
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    return np.ascontiguousarray(z, np.float32), labels.numpy()

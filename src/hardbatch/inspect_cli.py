@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .cli import _positive_int
+
 __all__ = ["add_inspect_parser", "build_parser", "main", "run_inspect"]
 
 SAMPLERS = ("uniform", "knn", "proximity", "gcbs")
@@ -52,16 +54,6 @@ class InspectError(Exception):
 # ---------------------------------------------------------------------------------------------
 # parser
 # ---------------------------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def _probability(low_open: bool, high_open: bool):
     def parse(text: str) -> float:
         try:
