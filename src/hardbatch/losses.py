@@ -72,7 +72,11 @@ _LOG_HALF = -math.log(2.0)
 
 
 def _check_temperature(temperature: float) -> None:
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature <= 0:
+    if (
+        not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature <= 0
+    ):
         raise ValueError(
             f"temperature must be a finite number > 0 (e.g. 0.5 for SimCLR, 0.05 for SimCSE), "
             f"got {temperature!r}"
@@ -82,7 +86,8 @@ def _check_temperature(temperature: float) -> None:
 def _check_tau_plus(tau_plus: float) -> None:
     if not isinstance(tau_plus, (int, float)) or not 0.0 <= tau_plus < 1.0:
         raise ValueError(
-            f"tau_plus (class prior of false negatives) must be in [0, 1), e.g. 0.1; got {tau_plus!r}"
+            f"tau_plus (class prior of false negatives) must be in [0, 1), e.g. 0.1; "
+            f"got {tau_plus!r}"
         )
 
 
@@ -119,7 +124,11 @@ def _check_finite(name: str, x: Tensor) -> None:
 
 
 def _check_embeddings(
-    anchor: Tensor, positive: Tensor, labels: Tensor | None, negatives: Tensor | None, check_finite: bool
+    anchor: Tensor,
+    positive: Tensor,
+    labels: Tensor | None,
+    negatives: Tensor | None,
+    check_finite: bool,
 ) -> None:
     for name, x in (("anchor", anchor), ("positive", positive)):
         if not isinstance(x, Tensor) or x.dim() != 2:
@@ -134,18 +143,32 @@ def _check_embeddings(
         )
     if anchor.shape[0] < 2:
         raise ValueError(
-            f"need a batch of at least 2 pairs (B >= 2) for in-batch negatives, got B={anchor.shape[0]}"
+            f"need a batch of at least 2 pairs (B >= 2) for in-batch negatives, "
+            f"got B={anchor.shape[0]}"
         )
-    if labels is not None:
-        if not isinstance(labels, Tensor) or labels.shape != (anchor.shape[0],):
-            shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
-            raise ValueError(f"labels must be a 1-D tensor [B] = [{anchor.shape[0]}], got {shape}")
+    if labels is not None and (
+        not isinstance(labels, Tensor) or labels.shape != (anchor.shape[0],)
+    ):
+        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+        raise ValueError(f"labels must be a 1-D tensor [B] = [{anchor.shape[0]}], got {shape}")
     if negatives is not None:
-        if not isinstance(negatives, Tensor) or negatives.dim() != 2 or negatives.shape[1] != anchor.shape[1]:
-            shape = tuple(negatives.shape) if isinstance(negatives, Tensor) else type(negatives).__name__
-            raise ValueError(f"negatives must be a 2-D tensor [m, d] with d={anchor.shape[1]}, got {shape}")
+        if (
+            not isinstance(negatives, Tensor)
+            or negatives.dim() != 2
+            or negatives.shape[1] != anchor.shape[1]
+        ):
+            shape = (
+                tuple(negatives.shape)
+                if isinstance(negatives, Tensor)
+                else type(negatives).__name__
+            )
+            raise ValueError(
+                f"negatives must be a 2-D tensor [m, d] with d={anchor.shape[1]}, got {shape}"
+            )
         if not negatives.is_floating_point():
-            raise ValueError(f"negatives must be a floating point tensor, got dtype {negatives.dtype}")
+            raise ValueError(
+                f"negatives must be a floating point tensor, got dtype {negatives.dtype}"
+            )
     if check_finite:
         _check_finite("anchor", anchor)
         _check_finite("positive", positive)
@@ -161,7 +184,8 @@ class _Logits:
     """Similarity logits of one batch, shared by every loss.
 
     ``logits[r, c] = <query_r, key_c> / t`` for the R anchor rows and C candidate columns, with
-    ``-inf`` wherever column ``c`` is not a negative of row ``r`` (itself, its positive, same label).
+    ``-inf`` wherever column ``c`` is not a negative of row ``r`` (itself, its positive, same
+    label).
     """
 
     logits: Tensor  # [R, C]
@@ -169,7 +193,6 @@ class _Logits:
     num_neg: Tensor | int  # [R] (labels given) or one int for every row
     has_neg: Tensor | None  # [R] bool, None when every row has a negative
     keys: Tensor  # [C, d]
-    masked: bool  # some rows have fewer than the maximal number of negatives
 
 
 class _Exclude(torch.autograd.Function):
@@ -181,7 +204,9 @@ class _Exclude(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, index: tuple[Tensor, Tensor] | None, mask: Tensor | None) -> Tensor:
+    def forward(
+        ctx, logits: Tensor, index: tuple[Tensor, Tensor] | None, mask: Tensor | None
+    ) -> Tensor:
         if mask is not None:
             return torch.where(mask, logits.new_tensor(-math.inf), logits)
         ctx.mark_dirty(logits)
@@ -194,13 +219,15 @@ class _Exclude(torch.autograd.Function):
 
 
 class _WeightedLogSumExp(torch.autograd.Function):
-    """Row-wise ``LSE((1 + beta) l) - LSE(beta l')`` over ``[R, *]`` blocks (HCL, eq. 18).
+    """Row-wise ``LSE(l)`` (``beta = 0``) or ``LSE((1 + beta) l) - LSE(beta l')`` (HCL, eq. 18).
 
-    ``l' = l`` (gradient through the weights) or ``l' = l.detach()`` (``detach_weights``). With a
-    shared row max ``M``: ``e_b = exp(beta (l - M))``, ``e_1 = e_b exp(l - M)`` and the result is
-    ``M + log sum e_1 - log sum e_b``; the gradient is ``(1 + beta) e_1 / sum e_1 - beta e_b / sum
-    e_b`` (or ``e_1 / sum e_1`` with detached weights): a fused version of two logsumexps that
-    shares the exponentials between forward and backward.
+    Over the concatenation of ``[R, *]`` blocks, without concatenating. ``l' = l`` (gradient
+    through the weights) or ``l' = l.detach()`` (``detach_weights``). With the row max ``M``,
+    ``e = exp(l - M)`` and ``e_b = e^beta``, the value is ``M + log sum(e e_b) - log sum(e_b)`` and
+    the gradient ``e_b (c_1 e - c_b)`` with ``c_1 = (1 + beta) g / sum(e e_b)``,
+    ``c_b = beta g / sum(e_b)`` (``c_1 = g / sum(e e_b)``, ``c_b = 0`` with detached weights). The
+    exponentials are computed once and reused by the backward, in place where possible: on CPU
+    the [R, C] passes and allocations are the cost of these losses.
     """
 
     @staticmethod
@@ -208,37 +235,51 @@ class _WeightedLogSumExp(torch.autograd.Function):
         row_max = blocks[0].amax(dim=1)
         for blk in blocks[1:]:
             row_max = torch.maximum(row_max, blk.amax(dim=1))
-        e1s, ebs = [], []
+        saved = []
         sum1 = sumb = 0
         for blk in blocks:
             shifted = blk - row_max[:, None]
-            eb = torch.exp(shifted * beta)
-            e1 = shifted.exp_().mul_(eb)
-            sum1 = sum1 + e1.sum(dim=1)
-            sumb = sumb + eb.sum(dim=1)
-            e1s.append(e1)
-            ebs.append(eb)
+            if beta == 0:
+                e = eb = shifted.exp_()
+                sum1 = sum1 + e.sum(dim=1)
+            elif beta == 1:
+                e = eb = shifted.exp_()
+                sum1 = sum1 + torch.linalg.vector_norm(e, dim=1).square()
+            else:
+                eb = torch.mul(shifted, beta).exp_()
+                e = shifted.exp_()
+                sum1 = sum1 + torch.linalg.vecdot(e, eb, dim=1)
+            if beta != 0:
+                sumb = sumb + eb.sum(dim=1)
+            saved += [e, eb]
         ctx.beta, ctx.detach = beta, detach
-        ctx.save_for_backward(sum1, sumb, *e1s, *([] if detach else ebs))
-        return row_max + torch.log(sum1) - torch.log(sumb)
+        ctx.save_for_backward(sum1, sumb if beta != 0 else sum1, *saved)
+        out = row_max + torch.log(sum1)
+        return out if beta == 0 else out - torch.log(sumb)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple:
         sum1, sumb, *saved = ctx.saved_tensors
-        n = len(saved) if ctx.detach else len(saved) // 2
-        if ctx.detach:
-            c1 = (grad / sum1)[:, None]
-            grads = [e1 * c1 for e1 in saved]
-        else:
-            c1 = (grad * (1.0 + ctx.beta) / sum1)[:, None]
-            cb = (grad * -ctx.beta / sumb)[:, None]
-            grads = [torch.addcmul(e1 * c1, eb, cb) for e1, eb in zip(saved[:n], saved[n:])]
+        beta = ctx.beta
+        grads = []
+        for e, eb in zip(saved[::2], saved[1::2]):
+            if beta == 0:
+                grads.append(e * (grad / sum1)[:, None])
+            elif ctx.detach:
+                grads.append((e * (grad / sum1)[:, None]).mul_(eb))
+            else:
+                c1 = (grad * (1.0 + beta) / sum1)[:, None]
+                cb = (grad * -beta / sumb)[:, None]
+                grads.append(torch.addcmul(cb, e, c1).mul_(eb))
         return (None, None, *grads)
 
 
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+def _compute_dtype(*xs: Tensor) -> torch.dtype:
+    dtype = xs[0].dtype
+    for x in xs[1:]:
+        dtype = torch.promote_types(dtype, x.dtype)
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _build_logits(
@@ -256,7 +297,7 @@ def _build_logits(
     _check_choice("form", form, _FORMS)
     _check_embeddings(anchor, positive, labels, negatives, check_finite)
 
-    dtype = _compute_dtype(anchor)
+    dtype = _compute_dtype(anchor, positive)
     za, zp = anchor.to(dtype), positive.to(dtype)
     bank = None if negatives is None or negatives.shape[0] == 0 else negatives.to(dtype)
     if normalize:
@@ -267,14 +308,13 @@ def _build_logits(
 
     log_pos = (za * zp).sum(dim=1) / temperature
     if form == "simclr":
-        batch_keys = torch.cat([za, zp])
+        batch_keys = queries = torch.cat([za, zp])
         log_pos = torch.cat([log_pos, log_pos])
     else:
-        batch_keys = zp
+        batch_keys, queries = zp, za
     keys = batch_keys if bank is None else torch.cat([batch_keys, bank])
     # Scaling the [R, d] queries is cheaper than scaling the [R, C] logits.
-    queries = (torch.cat([za, zp]) if form == "simclr" else za) / temperature
-    logits = queries @ keys.T
+    logits = (queries / temperature) @ keys.T
     rows, cb = queries.shape[0], batch_keys.shape[0]
 
     if labels is None:
@@ -286,7 +326,7 @@ def _build_logits(
         else:
             excluded = (idx, idx)
         logits = _Exclude.apply(logits, excluded, None)
-        return _Logits(logits, log_pos, num_neg, None, keys, masked=False)
+        return _Logits(logits, log_pos, num_neg, None, keys)
 
     labels = labels.to(logits.device)
     row_labels = torch.cat([labels, labels]) if form == "simclr" else labels
@@ -307,26 +347,19 @@ def _build_logits(
     if m:
         same = torch.cat([same, same.new_zeros(rows, m)], dim=1)
     logits = _Exclude.apply(logits, None, same)
-    return _Logits(logits, log_pos, num_neg, has_neg, keys, masked=True)
+    return _Logits(logits, log_pos, num_neg, has_neg, keys)
 
 
-def _logsumexp_blocks(blocks: list[Tensor]) -> Tensor:
-    """Row-wise log-sum-exp over the concatenation of ``[R, *]`` blocks, without concatenating."""
-    out = torch.logsumexp(blocks[0], dim=1)
-    for block in blocks[1:]:
-        out = torch.logaddexp(out, torch.logsumexp(block, dim=1))
-    return out
-
-
-def _log_negative_sum(blocks: list[Tensor], log_n: Tensor | float, beta: float, detach_weights: bool) -> Tensor:
+def _log_negative_sum(
+    blocks: list[Tensor], log_n: Tensor | float, beta: float, detach_weights: bool
+) -> Tensor:
     """``log sum_j w_j exp(l_j)`` over the negatives in ``blocks`` (``-inf`` = not a negative).
 
     ``beta == 0``: plain sum (``w_j = 1``). Otherwise the HCL weights ``w_j = N softmax_j(beta l)``,
     so ``log sum_j w_j exp(l_j) = log N + LSE((1 + beta) l) - LSE(beta l)``.
     """
-    if beta == 0:
-        return _logsumexp_blocks(blocks)
-    return log_n + _WeightedLogSumExp.apply(float(beta), detach_weights, *blocks)
+    out = _WeightedLogSumExp.apply(float(beta), detach_weights, *blocks)
+    return out if beta == 0 else log_n + out
 
 
 def _log1mexp(x: Tensor) -> Tensor:
@@ -371,73 +404,103 @@ def _finish(core: _Logits, log_ng: Tensor, reduction: str) -> Tensor:
 def _log_num_neg(core: _Logits, extra: Tensor | int = 0) -> Tensor | float:
     n = core.num_neg + extra
     if isinstance(n, Tensor):
-        # Rows without negatives get log 1 = 0 so no -inf enters the arithmetic; they are zeroed later.
+        # Rows without negatives get log 1 = 0, so no -inf enters the arithmetic (zeroed later).
         return torch.log(n.clamp(min=1).to(core.logits.dtype))
     return math.log(n) if n > 0 else 0.0
 
 
-def _hardest_columns(logits: Tensor, s: int, ordered: bool) -> Tensor:
-    """Column indices ``[R, s]`` of the ``s`` largest entries of each row (descending if ``ordered``).
+def _hardest_columns(logits: Tensor, s: int) -> Tensor:
+    """Column indices ``[R, s]`` of the ``s`` largest entries of each row, in decreasing order.
 
-    ``torch.topk`` on CPU is slow for ``k ~ 32`` (a heap per row), so on CPU the rows are first cut
-    to the ``s`` column groups with the largest maxima (they hold every top-``s`` entry: at most
-    ``s`` groups can contain an entry >= the ``s``-th largest) and numpy's introselect finishes.
+    On CPU ``torch.topk`` is several times slower than numpy's introselect (``argpartition``), which
+    is used instead. For wide rows (``C >= 64 s``) the rows are first cut to the ``s`` column groups
+    with the largest maxima: they hold every top-``s`` entry, since at most ``s`` groups can contain
+    an entry >= the ``s``-th largest.
     """
     x = logits.detach()
     rows, cols = x.shape
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
-        return torch.topk(x, s, dim=1, sorted=ordered).indices
+        return torch.topk(x, s, dim=1).indices
     g = int(math.sqrt(cols / s))
-    if g < 2:
+    if g < 8:  # introselect's per-row overhead makes two passes slower on narrower rows
         cand = None
-        top = np.argpartition(x.numpy(), cols - s, axis=1)[:, cols - s:]
+        top = np.argpartition(x.numpy(), cols - s, axis=1)[:, cols - s :]
     else:
         n_groups = cols // g
-        # Strided groups (column t * n_groups + j is in group j) make the max a vectorised reduction.
+        # Strided groups (column t * n_groups + j is in group j): the max is a vectorised reduction.
         group_max = x[:, : n_groups * g].unflatten(1, (g, n_groups)).amax(dim=1)
-        top_groups = np.argpartition(group_max.numpy(), n_groups - s, axis=1)[:, n_groups - s:]
+        top_groups = np.argpartition(group_max.numpy(), n_groups - s, axis=1)[:, n_groups - s :]
         offsets = torch.arange(g) * n_groups
         cand = (torch.from_numpy(top_groups)[:, :, None] + offsets).flatten(1)
         if n_groups * g < cols:
             tail = torch.arange(n_groups * g, cols).expand(rows, -1)
             cand = torch.cat([cand, tail], dim=1)
         n = cand.shape[1]
-        top = np.argpartition(x.gather(1, cand).numpy(), n - s, axis=1)[:, n - s:]
+        top = np.argpartition(x.gather(1, cand).numpy(), n - s, axis=1)[:, n - s :]
     top = torch.from_numpy(np.ascontiguousarray(top))
     top = top if cand is None else cand.gather(1, top)
-    if ordered:
-        order = x.gather(1, top).argsort(dim=1, descending=True)
-        top = top.gather(1, order)
-    return top
+    return top.gather(1, x.gather(1, top).argsort(dim=1, descending=True))
 
 
 class _KeyPairDot(torch.autograd.Function):
     """``<keys[i], keys[j]>`` for index tensors ``i, j`` of shape ``[R, k]``.
 
-    The backward uses two ``index_add_`` instead of the generic gather backward, which is several
-    times slower on CPU.
+    The backward is one sparse-dense product, ``grad_keys = S keys`` with ``S`` the symmetric
+    ``[C, C]`` matrix holding ``grad`` at every ``(i, j)`` and ``(j, i)``: ``index_add_`` (the
+    generic gather backward) is far slower on a multi-threaded CPU.
     """
 
     @staticmethod
     def forward(ctx, keys: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        ki, kj = keys.index_select(0, i.flatten()), keys.index_select(0, j.flatten())
-        ctx.save_for_backward(ki, kj, i, j)
-        ctx.num_keys = keys.shape[0]
-        return (ki * kj).sum(dim=1).view_as(i)
+        ij = torch.cat([i.flatten(), j.flatten()])
+        ctx.save_for_backward(keys, ij)
+        k = keys.index_select(0, ij).view(2, -1, keys.shape[1])
+        return k[0].mul_(k[1]).sum(dim=1).view_as(i)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
-        ki, kj, i, j = ctx.saved_tensors
-        g = grad.reshape(-1, 1)
-        out = ki.new_zeros(ctx.num_keys, ki.shape[1])
-        out.index_add_(0, i.flatten(), kj * g)
-        out.index_add_(0, j.flatten(), ki * g)
-        return out, None, None
+        keys, ij = ctx.saved_tensors
+        ji = ij.view(2, -1).flip(0).flatten()
+        g = grad.flatten().to(keys.dtype)
+        n = keys.shape[0]
+        pairs = torch.sparse_coo_tensor(
+            torch.stack([ij, ji]), torch.cat([g, g]), (n, n), check_invariants=False
+        )
+        return torch.sparse.mm(pairs, keys), None, None
+
+
+class _TakeAlongRows(torch.autograd.Function):
+    """``logits.gather(1, index)``; the backward accumulates into a flat view with ``index_put_``.
+
+    Same values and gradient as ``gather``, whose ``scatter_add_`` backward is far slower on a
+    multi-threaded CPU.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, index: Tensor) -> Tensor:
+        cols = logits.shape[1]
+        flat = index + torch.arange(0, index.shape[0] * cols, cols, device=index.device)[:, None]
+        ctx.save_for_backward(flat)
+        ctx.shape = logits.shape
+        return logits.reshape(-1).take(flat)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (flat,) = ctx.saved_tensors
+        out = grad.new_zeros(ctx.shape.numel())
+        out.index_put_((flat.flatten(),), grad.flatten(), accumulate=True)
+        return out.view(ctx.shape), None
 
 
 def _synthetic_logits(
-    core: _Logits, hardest: int, synthetic: int, mix: bool, normalize: bool, generator: torch.Generator | None
+    core: _Logits,
+    hardest: int,
+    synthetic: int,
+    mix: bool,
+    normalize: bool,
+    generator: torch.Generator | None,
 ) -> tuple[Tensor, Tensor | int]:
     """SSCL eq. 2: ``k = synthetic`` negatives per row, mixed from its ``s = hardest`` hardest ones.
 
@@ -453,9 +516,10 @@ def _synthetic_logits(
     s = min(hardest, max_neg)
     if s == 0:
         return logits.new_empty(rows, 0), 0
-    # With labels some rows have fewer than s negatives: order so that the valid ones come first.
-    hard = _hardest_columns(logits, s, ordered=core.masked).to(logits.device)
-    draws = torch.rand(rows, synthetic, 3, generator=generator, device=logits.device, dtype=logits.dtype)
+    # Decreasing order: rows with fewer than s negatives (labels) have the valid ones first.
+    hard = _hardest_columns(logits, s).to(logits.device)
+    # float32 draws whatever the input dtype, so a seed gives the same negatives in every precision.
+    draws = torch.rand(rows, synthetic, 3, generator=generator, device=logits.device)
     if isinstance(core.num_neg, Tensor):
         count = core.num_neg.clamp(max=s)[:, None, None]  # valid hard negatives of each row
         pick = torch.minimum((draws[..., :2] * count).long(), (count - 1).clamp(min=0))
@@ -465,8 +529,8 @@ def _synthetic_logits(
     first = hard.gather(1, pick[..., 0])
     if mix:
         second = hard.gather(1, pick[..., 1])
-        alpha = draws[..., 2]
-        picked = logits.gather(1, torch.cat([first, second], dim=1))
+        alpha = draws[..., 2].to(logits.dtype)
+        picked = _TakeAlongRows.apply(logits, torch.cat([first, second], dim=1))
         syn = torch.lerp(picked[:, synthetic:], picked[:, :synthetic], alpha)
         if normalize:
             cos = _KeyPairDot.apply(core.keys, first, second)
@@ -474,7 +538,7 @@ def _synthetic_logits(
             sq_norm = (1.0 - 2.0 * mixed) + 2.0 * mixed * cos  # a^2 + (1 - a)^2 = 1 - 2a(1 - a)
             syn = syn / sq_norm.clamp(min=1e-24).sqrt()  # F.normalize's eps = 1e-12 on |h|
     else:
-        syn = logits.gather(1, first)
+        syn = _TakeAlongRows.apply(logits, first)
     if count is None:
         return syn, synthetic
     valid = count[:, 0] > 0  # [R, 1]
@@ -515,10 +579,16 @@ def info_nce(
     """
     _check_choice("reduction", reduction, _REDUCTIONS)
     core = _build_logits(
-        anchor, positive, temperature=temperature, form=form, labels=labels,
-        negatives=negatives, normalize=normalize, check_finite=check_finite,
+        anchor,
+        positive,
+        temperature=temperature,
+        form=form,
+        labels=labels,
+        negatives=negatives,
+        normalize=normalize,
+        check_finite=check_finite,
     )
-    return _finish(core, torch.logsumexp(core.logits, dim=1), reduction)
+    return _finish(core, _log_negative_sum([core.logits], 0.0, 0.0, False), reduction)
 
 
 def debiased_info_nce(
@@ -543,8 +613,16 @@ def debiased_info_nce(
     """
     _check_tau_plus(tau_plus)
     return hard_negative_info_nce(
-        anchor, positive, temperature=temperature, tau_plus=tau_plus, beta=0.0, form=form,
-        labels=labels, negatives=negatives, normalize=normalize, reduction=reduction,
+        anchor,
+        positive,
+        temperature=temperature,
+        tau_plus=tau_plus,
+        beta=0.0,
+        form=form,
+        labels=labels,
+        negatives=negatives,
+        normalize=normalize,
+        reduction=reduction,
         check_finite=check_finite,
     )
 
@@ -576,8 +654,14 @@ def hard_negative_info_nce(
     _check_tau_plus(tau_plus)
     _check_beta(beta)
     core = _build_logits(
-        anchor, positive, temperature=temperature, form=form, labels=labels,
-        negatives=negatives, normalize=normalize, check_finite=check_finite,
+        anchor,
+        positive,
+        temperature=temperature,
+        form=form,
+        labels=labels,
+        negatives=negatives,
+        normalize=normalize,
+        check_finite=check_finite,
     )
     log_n = _log_num_neg(core)
     log_s = _log_negative_sum([core.logits], log_n, beta, detach_weights)
@@ -607,7 +691,8 @@ def sscl_loss(
 
     For each anchor row the ``s = hardest`` most similar negatives are taken (``s`` is clamped to
     the number of negatives available to the row); ``k = synthetic`` new negatives
-    ``h = a z_i + (1 - a) z_j`` (eq. 2) are mixed from random pairs of them (``a ~ U(0, 1)``),
+    ``h = a z_i + (1 - a) z_j`` (eq. 2) are mixed from random pairs of them (``i``, ``j`` drawn
+    uniformly and independently, ``a ~ U(0, 1)``),
     re-normalised when ``normalize=True``, and added to the row's negatives, so ``N`` becomes
     ``N + k``. The extended set is then reweighted and debiased as in HCL
     (:func:`hard_negative_info_nce`).
@@ -630,8 +715,14 @@ def sscl_loss(
     _check_beta(beta)
     _check_sscl(hardest, synthetic)
     core = _build_logits(
-        anchor, positive, temperature=temperature, form=form, labels=labels,
-        negatives=negatives, normalize=normalize, check_finite=check_finite,
+        anchor,
+        positive,
+        temperature=temperature,
+        form=form,
+        labels=labels,
+        negatives=negatives,
+        normalize=normalize,
+        check_finite=check_finite,
     )
     blocks, added = [core.logits], 0
     if synthetic > 0:
@@ -650,7 +741,12 @@ class _ContrastiveLoss(nn.Module):
     """Holds the options shared by all losses; ``forward(anchor, positive, labels, negatives)``."""
 
     def __init__(
-        self, temperature: float, form: Form, normalize: bool, reduction: Reduction, check_finite: bool
+        self,
+        temperature: float,
+        form: Form,
+        normalize: bool,
+        reduction: Reduction,
+        check_finite: bool,
     ) -> None:
         super().__init__()
         _check_temperature(temperature)
@@ -663,10 +759,13 @@ class _ContrastiveLoss(nn.Module):
         self.check_finite = check_finite
 
     def _common(self) -> dict:
-        return dict(
-            temperature=self.temperature, form=self.form, normalize=self.normalize,
-            reduction=self.reduction, check_finite=self.check_finite,
-        )
+        return {
+            "temperature": self.temperature,
+            "form": self.form,
+            "normalize": self.normalize,
+            "reduction": self.reduction,
+            "check_finite": self.check_finite,
+        }
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self._hparams().items())
@@ -694,7 +793,11 @@ class InfoNCE(_ContrastiveLoss):
         super().__init__(temperature, form, normalize, reduction, check_finite)
 
     def forward(
-        self, anchor: Tensor, positive: Tensor, labels: Tensor | None = None, negatives: Tensor | None = None
+        self,
+        anchor: Tensor,
+        positive: Tensor,
+        labels: Tensor | None = None,
+        negatives: Tensor | None = None,
     ) -> Tensor:
         return info_nce(anchor, positive, labels=labels, negatives=negatives, **self._common())
 
@@ -720,10 +823,19 @@ class DebiasedInfoNCE(_ContrastiveLoss):
         return {**super()._hparams(), "tau_plus": self.tau_plus}
 
     def forward(
-        self, anchor: Tensor, positive: Tensor, labels: Tensor | None = None, negatives: Tensor | None = None
+        self,
+        anchor: Tensor,
+        positive: Tensor,
+        labels: Tensor | None = None,
+        negatives: Tensor | None = None,
     ) -> Tensor:
         return debiased_info_nce(
-            anchor, positive, tau_plus=self.tau_plus, labels=labels, negatives=negatives, **self._common()
+            anchor,
+            positive,
+            tau_plus=self.tau_plus,
+            labels=labels,
+            negatives=negatives,
+            **self._common(),
         )
 
 
@@ -753,11 +865,21 @@ class HardNegativeInfoNCE(_ContrastiveLoss):
         return {**super()._hparams(), "tau_plus": self.tau_plus, "beta": self.beta}
 
     def forward(
-        self, anchor: Tensor, positive: Tensor, labels: Tensor | None = None, negatives: Tensor | None = None
+        self,
+        anchor: Tensor,
+        positive: Tensor,
+        labels: Tensor | None = None,
+        negatives: Tensor | None = None,
     ) -> Tensor:
         return hard_negative_info_nce(
-            anchor, positive, tau_plus=self.tau_plus, beta=self.beta, detach_weights=self.detach_weights,
-            labels=labels, negatives=negatives, **self._common(),
+            anchor,
+            positive,
+            tau_plus=self.tau_plus,
+            beta=self.beta,
+            detach_weights=self.detach_weights,
+            labels=labels,
+            negatives=negatives,
+            **self._common(),
         )
 
 
@@ -798,15 +920,32 @@ class SSCLLoss(_ContrastiveLoss):
 
     def _hparams(self) -> dict:
         return {
-            **super()._hparams(), "tau_plus": self.tau_plus, "beta": self.beta,
-            "hardest": self.hardest, "synthetic": self.synthetic, "mix": self.mix,
+            **super()._hparams(),
+            "tau_plus": self.tau_plus,
+            "beta": self.beta,
+            "hardest": self.hardest,
+            "synthetic": self.synthetic,
+            "mix": self.mix,
         }
 
     def forward(
-        self, anchor: Tensor, positive: Tensor, labels: Tensor | None = None, negatives: Tensor | None = None
+        self,
+        anchor: Tensor,
+        positive: Tensor,
+        labels: Tensor | None = None,
+        negatives: Tensor | None = None,
     ) -> Tensor:
         return sscl_loss(
-            anchor, positive, tau_plus=self.tau_plus, beta=self.beta, hardest=self.hardest,
-            synthetic=self.synthetic, mix=self.mix, detach_weights=self.detach_weights,
-            generator=self.generator, labels=labels, negatives=negatives, **self._common(),
+            anchor,
+            positive,
+            tau_plus=self.tau_plus,
+            beta=self.beta,
+            hardest=self.hardest,
+            synthetic=self.synthetic,
+            mix=self.mix,
+            detach_weights=self.detach_weights,
+            generator=self.generator,
+            labels=labels,
+            negatives=negatives,
+            **self._common(),
         )

