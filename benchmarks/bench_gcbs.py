@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 import torch
+from _common import machine, wiki_minilm
 
 import hardbatch as hb
-from _common import machine, wiki_minilm
 
 
 def batch_top1(x: np.ndarray, order: np.ndarray, b: int) -> float:

@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 import torch
+from _common import best_of, machine, mnist_pca64, peak_rss_gb
 
 import hardbatch as hb
-from _common import best_of, machine, mnist_pca64, peak_rss_gb
 
 
 def per_item_gather_reference(x: np.ndarray, m: int, k: int, seed: int = 0) -> torch.Tensor:

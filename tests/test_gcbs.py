@@ -2,13 +2,12 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from conftest import unit_rows
 from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 import hardbatch as hb
 from hardbatch import _rng
 from hardbatch.gcbs import similarity_threshold, thresholded_pairs
-
-from conftest import unit_rows
 
 
 def dense_gcbs_reference(x, y, quantile, seed):

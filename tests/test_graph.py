@@ -1,11 +1,10 @@
 import numpy as np
 import pytest
 import torch
+from conftest import unit_rows
 
 import hardbatch as hb
 from hardbatch.graph import candidate_pools
-
-from conftest import unit_rows
 
 
 def dense_topk_reference(x, members, pools, k):

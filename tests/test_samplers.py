@@ -4,11 +4,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import unit_rows
 from torch.utils.data import DataLoader, TensorDataset
 
 import hardbatch as hb
-
-from conftest import unit_rows
 
 N, B = 1000, 64
 

@@ -54,7 +54,7 @@ from . import _rng
 from ._rng import rand_below, rand_unit
 from ._validation import as_embeddings, check_int
 
-__all__ = ["proximity_graph", "knn_graph", "candidate_pools", "default_group_size"]
+__all__ = ["candidate_pools", "default_group_size", "knn_graph", "proximity_graph"]
 
 # Target elements of one similarity block (rows x columns); bounds working memory.
 _BLOCK_ELEMENTS = 1 << 22

@@ -23,9 +23,9 @@ Every sampler here shares one contract:
 from __future__ import annotations
 
 import collections
-import math
 import time
-from typing import Iterator, Literal
+from collections.abc import Iterator
+from typing import Literal
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ from .gcbs import gcbs_permutation
 from .graph import knn_graph, proximity_graph
 from .walks import WALKS, WalkState, default_patience, prepare_graph
 
-__all__ = ["UniformBatchSampler", "KNNBatchSampler", "ProximityGraphSampler", "GCBSSampler"]
+__all__ = ["GCBSSampler", "KNNBatchSampler", "ProximityGraphSampler", "UniformBatchSampler"]
 
 _LOOKBACK = 1024  # batches kept so that state_dict(consumed=...) can rewind a prefetching loader
 

@@ -58,7 +58,7 @@ from ._validation import check_int, to_numpy_index_table
 WalkKind = Literal["rwr", "rw", "bfs", "dfs"]
 WALKS: dict[str, int] = {"rwr": 0, "rw": 1, "bfs": 2, "dfs": 3}
 
-__all__ = ["walk_batches", "WalkState", "WALKS"]
+__all__ = ["WALKS", "WalkState", "walk_batches"]
 
 
 @njit(cache=True)

@@ -20,7 +20,12 @@ from hardbatch.losses import DebiasedInfoNCE, HardNegativeInfoNCE, InfoNCE, SSCL
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
 
-__all__ = ["SentenceTransformerLoss"]
+__all__ = [
+    "HardNegativeBatchSampler",
+    "SentenceTransformerLoss",
+    "TextEmbeddingSource",
+    "hard_negative_batch_sampler",
+]
 
 _LOSSES: dict[str, type[nn.Module]] = {
     "infonce": InfoNCE,
@@ -127,3 +132,11 @@ class SentenceTransformerLoss(nn.Module):
     @property
     def temperature(self) -> float | None:
         return None if self.scale is None else 1.0 / self.scale
+
+
+# The batch sampler half of the integration (hard-negative batches re-embedded with the model).
+from .sentence_transformers_sampler import (
+    HardNegativeBatchSampler,
+    TextEmbeddingSource,
+    hard_negative_batch_sampler,
+)
