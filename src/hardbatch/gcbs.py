@@ -63,11 +63,11 @@ def similarity_threshold(x: np.ndarray, y: np.ndarray, quantile: float, seed: in
     for s in range(0, len(rows), per):
         r = torch.from_numpy(rows[s:s + per])
         sims = xt[r] @ yt.T
-        keep = torch.ones_like(sims, dtype=torch.bool)
-        keep[torch.arange(len(r)), r] = False
-        values.append(sims[keep])
+        sims[torch.arange(len(r)), r] = -torch.inf  # self pairs: the smallest values, skipped
+        values.append(sims.reshape(-1))
     flat = torch.cat(values)
-    k = int(np.clip(np.ceil(quantile * flat.numel()), 1, flat.numel()))
+    count = flat.numel() - len(rows)
+    k = int(np.clip(np.ceil(quantile * count), 1, count)) + len(rows)
     return float(flat.kthvalue(k).values)
 
 
