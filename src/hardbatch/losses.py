@@ -773,6 +773,20 @@ class _ContrastiveLoss(nn.Module):
     def _hparams(self) -> dict:
         return {"temperature": self.temperature, "form": self.form}
 
+    def _options(self) -> dict:
+        """Loss-specific keyword arguments of ``_loss``."""
+        return {}
+
+    def forward(
+        self,
+        anchor: Tensor,
+        positive: Tensor,
+        labels: Tensor | None = None,
+        negatives: Tensor | None = None,
+    ) -> Tensor:
+        return self._loss(anchor, positive, labels=labels, negatives=negatives, **self._common(),
+                          **self._options())
+
 
 class InfoNCE(_ContrastiveLoss):
     """InfoNCE / NT-Xent module; see :func:`info_nce`.
@@ -792,14 +806,10 @@ class InfoNCE(_ContrastiveLoss):
     ) -> None:
         super().__init__(temperature, form, normalize, reduction, check_finite)
 
-    def forward(
-        self,
-        anchor: Tensor,
-        positive: Tensor,
-        labels: Tensor | None = None,
-        negatives: Tensor | None = None,
-    ) -> Tensor:
-        return info_nce(anchor, positive, labels=labels, negatives=negatives, **self._common())
+    _loss = staticmethod(info_nce)
+
+    def _options(self) -> dict:
+        return {}
 
 
 class DebiasedInfoNCE(_ContrastiveLoss):
@@ -822,21 +832,10 @@ class DebiasedInfoNCE(_ContrastiveLoss):
     def _hparams(self) -> dict:
         return {**super()._hparams(), "tau_plus": self.tau_plus}
 
-    def forward(
-        self,
-        anchor: Tensor,
-        positive: Tensor,
-        labels: Tensor | None = None,
-        negatives: Tensor | None = None,
-    ) -> Tensor:
-        return debiased_info_nce(
-            anchor,
-            positive,
-            tau_plus=self.tau_plus,
-            labels=labels,
-            negatives=negatives,
-            **self._common(),
-        )
+    _loss = staticmethod(debiased_info_nce)
+
+    def _options(self) -> dict:
+        return {"tau_plus": self.tau_plus}
 
 
 class HardNegativeInfoNCE(_ContrastiveLoss):
@@ -864,23 +863,11 @@ class HardNegativeInfoNCE(_ContrastiveLoss):
     def _hparams(self) -> dict:
         return {**super()._hparams(), "tau_plus": self.tau_plus, "beta": self.beta}
 
-    def forward(
-        self,
-        anchor: Tensor,
-        positive: Tensor,
-        labels: Tensor | None = None,
-        negatives: Tensor | None = None,
-    ) -> Tensor:
-        return hard_negative_info_nce(
-            anchor,
-            positive,
-            tau_plus=self.tau_plus,
-            beta=self.beta,
-            detach_weights=self.detach_weights,
-            labels=labels,
-            negatives=negatives,
-            **self._common(),
-        )
+    _loss = staticmethod(hard_negative_info_nce)
+
+    def _options(self) -> dict:
+        return {"tau_plus": self.tau_plus, "beta": self.beta,
+                "detach_weights": self.detach_weights}
 
 
 class SSCLLoss(_ContrastiveLoss):
@@ -928,24 +915,9 @@ class SSCLLoss(_ContrastiveLoss):
             "mix": self.mix,
         }
 
-    def forward(
-        self,
-        anchor: Tensor,
-        positive: Tensor,
-        labels: Tensor | None = None,
-        negatives: Tensor | None = None,
-    ) -> Tensor:
-        return sscl_loss(
-            anchor,
-            positive,
-            tau_plus=self.tau_plus,
-            beta=self.beta,
-            hardest=self.hardest,
-            synthetic=self.synthetic,
-            mix=self.mix,
-            detach_weights=self.detach_weights,
-            generator=self.generator,
-            labels=labels,
-            negatives=negatives,
-            **self._common(),
-        )
+    _loss = staticmethod(sscl_loss)
+
+    def _options(self) -> dict:
+        return {"tau_plus": self.tau_plus, "beta": self.beta, "hardest": self.hardest,
+                "synthetic": self.synthetic, "mix": self.mix,
+                "detach_weights": self.detach_weights, "generator": self.generator}
