@@ -20,6 +20,16 @@ def check_int(value, name: str, low: int | None = None, high: int | None = None)
     return value
 
 
+def check_matrix_shape(shape: tuple, name: str) -> None:
+    """``ValueError`` unless ``shape`` is a non-empty 2-D [N, d]."""
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be 2-D [N, d], got shape {tuple(shape)}; "
+                         "reshape it to one row per item")
+    if shape[0] == 0 or shape[1] == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(shape)}); pass at least one item "
+                         "with at least one feature")
+
+
 def to_numpy_2d(x, name: str) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         x = x.detach()
@@ -31,12 +41,7 @@ def to_numpy_2d(x, name: str) -> np.ndarray:
             x = np.asarray(x)
         except Exception as exc:  # pragma: no cover - exotic inputs
             raise ValueError(f"{name} must be a tensor or array of shape [N, d]") from exc
-    if x.ndim != 2:
-        raise ValueError(f"{name} must be 2-D [N, d], got shape {tuple(x.shape)}; "
-                         "reshape it to one row per item")
-    if x.shape[0] == 0 or x.shape[1] == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(x.shape)}); pass at least one item "
-                         "with at least one feature")
+    check_matrix_shape(x.shape, name)
     return x
 
 

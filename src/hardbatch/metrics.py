@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._validation import as_embeddings
+from ._validation import as_embeddings, check_matrix_shape
 
 __all__ = [
     "batch_duplicate_rate",
@@ -131,12 +131,7 @@ def _embedding_table(embeddings, name: str = "embeddings"):
             raise ValueError(f"{name} must be a tensor or array of shape [N, d]") from exc
         is_float = np.issubdtype(table.dtype, np.floating) or (
             np.issubdtype(table.dtype, np.integer) and table.dtype != bool)
-    if table.ndim != 2:
-        raise ValueError(f"{name} must be 2-D [N, d], got shape {tuple(table.shape)}; reshape it "
-                         "to one row per item")
-    if table.shape[0] == 0 or table.shape[1] == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(table.shape)}); pass at least one item "
-                         "with at least one feature")
+    check_matrix_shape(tuple(table.shape), name)
     if not is_float:
         raise ValueError(f"{name} must hold real numbers, got dtype {table.dtype}")
     return table, int(table.shape[0]), int(table.shape[1])
