@@ -151,7 +151,8 @@ def _unit_rows(table, ids: np.ndarray, name: str = "embeddings") -> Tensor:
     return torch.nn.functional.normalize(rows, dim=1, eps=1e-12)
 
 
-def _labels_array(labels, name: str = "labels") -> np.ndarray:
+def _labels_array(labels, num_items: int | None = None, name: str = "labels") -> np.ndarray:
+    """Labels as a 1-D array; with ``num_items``, one label per embedding row is required."""
     if isinstance(labels, Tensor):
         labels = labels.detach().cpu().numpy()
     try:
@@ -166,6 +167,9 @@ def _labels_array(labels, name: str = "labels") -> np.ndarray:
     if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
         raise ValueError(f"{name} contains NaN or inf at position "
                          f"{int(np.flatnonzero(~np.isfinite(arr))[0])}; every item needs a label")
+    if num_items is not None and arr.shape[0] != num_items:
+        raise ValueError(f"labels has {arr.shape[0]} entries but embeddings has {num_items} rows; "
+                         "pass one label per item")
     return arr
 
 
@@ -329,10 +333,7 @@ def batch_stats(embeddings: ArrayLike, batch: BatchLike,
     ids = _as_batch(batch, n)
     lab = None
     if labels is not None:
-        lab = _labels_array(labels)
-        if lab.shape[0] != n:
-            raise ValueError(f"labels has {lab.shape[0]} entries but embeddings has {n} rows; "
-                             "pass one label per item")
+        lab = _labels_array(labels, n)
     x = _unit_rows(table, ids)
     sims = (x @ x.T).clamp_(-1.0, 1.0)
     pairs = _upper_pairs(sims)
@@ -400,10 +401,7 @@ def plan_stats(embeddings: ArrayLike, batches: Iterable[BatchLike],
     bins, lo, hi = _check_range(range, bins)
     lab = None
     if labels is not None:
-        lab = _labels_array(labels)
-        if lab.shape[0] != n:
-            raise ValueError(f"labels has {lab.shape[0]} entries but embeddings has {n} rows; "
-                             "pass one label per item")
+        lab = _labels_array(labels, n)
     counts = torch.zeros(bins, dtype=torch.int64)
     top_sum = sim_sum = 0.0
     anchors = pair_count = same_pairs = repeats = entries = 0
