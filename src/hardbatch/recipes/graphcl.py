@@ -32,11 +32,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
-import socket
 import sys
 import time
 import warnings
@@ -50,6 +46,7 @@ from numba import njit
 from torch import Tensor, nn
 
 from .._rng import rand_below
+from . import _runs
 
 __all__ = [
     "DEFAULTS",
@@ -426,59 +423,7 @@ def _tag(args, hyper: Hyper) -> str:
 
 
 def result_path(out: Path, dataset: str, sampler: str, loss: str, seed: int, tag: str = "") -> Path:
-    suffix = f"__{tag}" if tag else ""
-    return Path(out) / f"{dataset}__{sampler}__{loss}__seed{seed}{suffix}.json"
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _finished(path: Path) -> bool:
-    try:
-        with open(path) as fh:
-            return "accuracy" in json.load(fh)
-    except (OSError, ValueError):
-        return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _try_lock(path: Path) -> Path | None:
-    """Claim run ``path`` with ``.NAME.lock`` (holding our pid); None if a live process has it.
-    A lock whose process is gone (killed run) is taken over."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = path.with_name(f".{path.name}.lock")
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and pid != os.getpid() and _pid_alive(pid):
-                return None
-            lock.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as fh:
-            fh.write(str(os.getpid()))
-        return lock
-    return None
+    return _runs.result_path(out, dataset, sampler, loss, seed=seed, tag=tag)
 
 
 def _make_loss(name: str, temperature: float, tau_plus: float, beta: float):
@@ -655,11 +600,9 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
         "mean_hardness": float(np.nanmean(trace["hardness"])) if trace["hardness"] else None,
         "mean_false_negative_rate": (float(np.nanmean(trace["false_negative_rate"]))
                                      if trace["false_negative_rate"] else None),
-        "env": {"torch": torch.__version__, "python": platform.python_version(),
-                "host": socket.gethostname(), "cpus": os.cpu_count(),
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%S")},
+        "env": _runs.env_record(),
     }
-    _write_json_atomic(path, record)
+    _runs.write_json_atomic(path, record)
     return record
 
 
@@ -764,7 +707,7 @@ def run_graphcl(args) -> int:
         hyper = hyper_for(name)
         tag = _tag(args, hyper)
         todo = [(s, l, seed) for l in losses for s in samplers for seed in seeds
-                if args.force or not _finished(result_path(out, name, s, l, seed, tag))]
+                if args.force or not _runs.finished(result_path(out, name, s, l, seed, tag))]
         total = len(samplers) * len(losses) * len(seeds)
         print(f"[graphcl] {name}: {total - len(todo)}/{total} runs done, {len(todo)} to run "
               f"-> {out}", flush=True)
@@ -778,9 +721,9 @@ def run_graphcl(args) -> int:
               f"({time.perf_counter() - t0:.1f}s)", flush=True)
         for s, l, seed in todo:
             path = result_path(out, name, s, l, seed, tag)
-            if not args.force and _finished(path):  # another process finished it meanwhile
+            if not args.force and _runs.finished(path):  # another process finished it meanwhile
                 continue
-            lock = _try_lock(path)
+            lock = _runs.try_lock(path)
             if lock is None:  # a live process is running it (parallel grid workers)
                 print(f"[graphcl] {path.name} is running elsewhere, skipped", flush=True)
                 continue

@@ -1,0 +1,85 @@
+"""Bookkeeping shared by the benchmark recipes (graphcl, simcse, simclr): one JSON per run,
+written atomically; a finished JSON means "skip this run"; a per-run lock file keeps parallel
+grid workers off each other's runs and is taken over when its process is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import time
+from pathlib import Path
+
+__all__ = ["env_record", "finished", "result_path", "try_lock", "write_json_atomic"]
+
+
+def result_path(out: Path | str, *parts: str, seed: int, tag: str = "") -> Path:
+    """``OUT/part1__part2__...__seedS[__tag].json``."""
+    suffix = f"__{tag}" if tag else ""
+    return Path(out) / ("__".join(parts) + f"__seed{seed}{suffix}.json")
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    """Write ``obj`` to ``path`` through a temporary file + ``os.replace`` (never half-written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def finished(path: Path, key: str = "accuracy") -> bool:
+    """True when ``path`` holds a JSON object with ``key`` (a completed run)."""
+    try:
+        with open(path) as fh:
+            return key in json.load(fh)
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def try_lock(path: Path) -> Path | None:
+    """Claim run ``path`` with ``.NAME.lock`` (holding our pid); None if a live process has it.
+    A lock whose process is gone (killed run) is taken over. Delete the returned lock when done."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_name(f".{path.name}.lock")
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and pid != os.getpid() and _pid_alive(pid):
+                return None
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        return lock
+    return None
+
+
+def env_record() -> dict:
+    """Where and when a run happened (torch/python versions, host, CPU count, finish time)."""
+    import torch
+
+    return {"torch": torch.__version__, "python": platform.python_version(),
+            "host": socket.gethostname(), "cpus": os.cpu_count(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
