@@ -17,10 +17,10 @@ coalesced; self-loops are removed (as ``read_tu_data`` does).
 
 Node features, as in GraphCL's unsupervised TU code:
 
-* ``"auto"`` (default): one-hot node labels where the dataset has them, else one-hot degree
-  capped at ``degree_cap`` (degrees above the cap share the last slot);
-* ``"labels"``, ``"degree"``, ``"constant"`` (a single 1 per node, what GraphCL's released code
-  uses for IMDB / COLLAB / REDDIT) force one kind.
+* ``"auto"`` (default): one-hot node labels where the dataset has them, else a constant
+  feature (a single 1 per node), what GraphCL's released code uses for IMDB / COLLAB / REDDIT;
+* ``"labels"``, ``"constant"``, ``"degree"`` (one-hot degree capped at ``degree_cap``; degrees
+  above the cap share the last slot) force one kind.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ..datasets import DataNotFoundError, data_root
 __all__ = ["TUGraphs", "find_tu_folder", "load_tu", "read_tu_raw", "tu_cache_dir"]
 
 FEATURES = ("auto", "labels", "degree", "constant")
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: "auto" means constant (not degree) without node labels
 
 
 def tu_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -135,7 +135,7 @@ def _features(raw: dict, features: str, degree_cap: int) -> tuple[np.ndarray, st
     n = raw["node_graph"].shape[0]
     kind = features
     if kind == "auto":
-        kind = "labels" if raw["node_labels"] is not None else "degree"
+        kind = "labels" if raw["node_labels"] is not None else "constant"
     if kind == "labels":
         if raw["node_labels"] is None:
             raise ValueError("features='labels' but the dataset has no NAME_node_labels.txt; use "
