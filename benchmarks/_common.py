@@ -33,6 +33,22 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def gaussian_mixture(n: int, d: int, components: int = 1000, seed: int = 0) -> np.ndarray:
+    """Synthetic unit rows [n, d]: a ``components``-Gaussian mixture (ImageNet-like clusters).
+
+    Built in chunks, so that no temporary raises the peak RSS.
+    """
+    r = np.random.default_rng(seed)
+    centers = r.standard_normal((components, d)).astype(np.float32)
+    x = np.empty((n, d), np.float32)
+    for s in range(0, n, 65536):
+        e = min(n, s + 65536)
+        x[s:e] = centers[r.integers(0, components, e - s)]
+        x[s:e] += 0.7 * r.standard_normal((e - s, d), dtype=np.float32)
+        x[s:e] /= np.linalg.norm(x[s:e], axis=1, keepdims=True)
+    return x
+
+
 def mnist_pca64(root=None) -> tuple[np.ndarray, np.ndarray]:
     """MNIST train (60k) in 64 PCA dims, unit rows (hardbatch.datasets.mnist_pca)."""
     from hardbatch.datasets import data_root, mnist_pca

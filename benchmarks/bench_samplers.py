@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 import torch
-from _common import best_of, machine, mnist_pca64, peak_rss_gb
+from _common import best_of, gaussian_mixture, machine, mnist_pca64, peak_rss_gb
 
 import hardbatch as hb
 
@@ -81,14 +81,7 @@ def bench_walks(x):
 
 
 def _imagenet_child(n: int, d: int, m: int, k: int) -> dict:
-    r = np.random.default_rng(0)
-    centers = r.standard_normal((1000, d)).astype(np.float32)
-    x = np.empty((n, d), np.float32)
-    for s in range(0, n, 65536):  # in chunks, so that no temporary raises the peak RSS
-        e = min(n, s + 65536)
-        x[s:e] = centers[r.integers(0, 1000, e - s)]
-        x[s:e] += 0.7 * r.standard_normal((e - s, d), dtype=np.float32)
-        x[s:e] /= np.linalg.norm(x[s:e], axis=1, keepdims=True)
+    x = gaussian_mixture(n, d)
     hb.proximity_graph(x[:20000], m, k)  # compile
     base = peak_rss_gb()
     t0 = time.perf_counter()

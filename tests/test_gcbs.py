@@ -133,7 +133,7 @@ def test_gcbs_approximations_close_to_exact(mnist_pca, method):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(quantile=0.0), "quantile=0.0 must lie strictly between 0 and 1"),
     (dict(quantile=1.2), "quantile=1.2"),
-    (dict(method="hnsw"), "method='hnsw' must be 'exact', 'ivf' or 'faiss'"),
+    (dict(method="hnsw"), "method='hnsw' must be 'exact', 'ivf', 'faiss' or 'partition'"),
     (dict(paired=np.ones((5, 4), np.float32)), "paired has shape"),
 ])
 def test_gcbs_bad_input(rng, kwargs, match):

@@ -53,7 +53,7 @@ def rand_unit(state: np.ndarray) -> np.float64:
     return np.float64(next_u64(state) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def shuffle_inplace(values: np.ndarray, state: np.ndarray) -> None:
     """Fisher-Yates shuffle of a 1-D array."""
     for i in range(values.shape[0] - 1, 0, -1):

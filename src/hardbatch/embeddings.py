@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from ._validation import as_embeddings, check_int
+from .distributed import is_distributed, sync_bank_update
 
 __all__ = ["EmbeddingBank", "EmbeddingSource", "read_embeddings", "source_num_items"]
 
@@ -29,10 +30,19 @@ class EmbeddingBank:
         init: ``"random"`` (seeded Gaussian, unit norm) or ``"zeros"``.
         seed: seed of the random init.
         dtype, device: storage of the [N, d] table (float32 on CPU by default).
+        sync: under torch.distributed (DDP), all-gather the (indices, embeddings) of
+            every rank in each :meth:`update`, so that every rank's bank holds the same
+            table (:func:`hardbatch.distributed.sync_bank_update`; uneven batch sizes are
+            fine). ``None`` (default) or True: on whenever torch.distributed is
+            initialised with more than one rank in ``process_group`` (a no-op
+            otherwise); False: each rank keeps only its own updates. ``update`` is then a collective:
+            every rank must call it once per step, as DDP's backward.
+        process_group: the group to synchronise over (default: the default group).
     """
 
     def __init__(self, num_items: int, dim: int, *, init: str = "random", seed: int = 0,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> None:
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 sync: bool | None = None, process_group=None) -> None:
         self.num_items = check_int(num_items, "num_items", low=1)
         self.dim = check_int(dim, "dim", low=1)
         if init == "random":
@@ -46,13 +56,25 @@ class EmbeddingBank:
         self.embeddings = table.to(dtype=dtype, device=device)
         self.last_update = torch.full((self.num_items,), -1, dtype=torch.int64)
         self.step = 0
+        if sync not in (None, True, False):
+            raise ValueError(f"sync={sync!r} must be True, False or None (automatic)")
+        self.sync, self.process_group = sync, process_group
+
+    @property
+    def synchronized(self) -> bool:
+        """Whether :meth:`update` all-gathers across ranks (see ``sync``)."""
+        return self.sync is not False and is_distributed(self.process_group)
 
     def __len__(self) -> int:
         return self.num_items
 
     @torch.no_grad()
     def update(self, indices, batch_embeddings: torch.Tensor) -> None:
-        """Store ``batch_embeddings`` [b, d] for items ``indices`` [b]; counts one step."""
+        """Store ``batch_embeddings`` [b, d] for items ``indices`` [b]; counts one step.
+
+        With synchronisation on (``sync``), the rows of all ranks are stored on
+        every rank (collective call).
+        """
         idx = torch.as_tensor(indices, dtype=torch.int64).reshape(-1).cpu()
         if not isinstance(batch_embeddings, torch.Tensor):
             batch_embeddings = torch.as_tensor(np.asarray(batch_embeddings))
@@ -69,6 +91,9 @@ class EmbeddingBank:
         if not torch.isfinite(values).all():
             raise ValueError("batch_embeddings contains NaN or inf; the bank keeps only finite "
                              "embeddings (check the encoder output)")
+        if self.synchronized:
+            idx, values = sync_bank_update(idx, values, self.process_group)
+            idx = idx.cpu()
         self.embeddings[idx.to(self.embeddings.device)] = values.to(self.embeddings.dtype).to(
             self.embeddings.device)
         self.last_update[idx] = self.step

@@ -42,9 +42,25 @@ independent scheme:
 With ``group_size=1`` this reduces to the independent scheme. The test-suite
 checks in-degree spread and mean neighbour similarity against a literal
 per-item implementation.
+
+Devices, precision, shards
+--------------------------
+``device=`` runs the products and top-k selections on any torch device
+(``"cuda"``: one bounded block of ~64M similarities at a time, ~4M on CPU);
+the candidate pools are always drawn on the CPU by the same seeded kernel, so
+every device sees the same candidates. ``precision="bf16" | "fp16"`` stores
+the embeddings in half precision and multiplies them with fp32 accumulation
+(on CUDA the product is returned in fp32 via ``out_dtype``; elsewhere the half
+result is widened), halving memory traffic; neighbours may then differ from
+the fp32 graph in near-ties. Work is cut into blocks of whole groups (rows for
+:func:`knn_graph`); :mod:`hardbatch.distributed` hands each rank a contiguous
+range of blocks and all-gathers the rows, which reproduces the
+single-process graph exactly.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import numpy as np
 import torch
@@ -56,8 +72,64 @@ from ._validation import as_embeddings, check_int
 
 __all__ = ["candidate_pools", "default_group_size", "knn_graph", "proximity_graph"]
 
+Precision = Literal["fp32", "bf16", "fp16"]
+
 # Target elements of one similarity block (rows x columns); bounds working memory.
 _BLOCK_ELEMENTS = 1 << 22
+_BLOCK_ELEMENTS_CUDA = 1 << 26
+_HALF = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+_OUT_DTYPE_OK: dict[str, bool] = {}
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a ``torch.device`` (None: CPU); ``ValueError`` for an unknown name."""
+    if device is None:
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device; pass 'cpu', 'cuda' or "
+                         "'cuda:0'") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available; pass device='cpu'")
+    return dev
+
+
+def check_precision(precision: str) -> torch.dtype:
+    """Storage dtype of the embeddings for ``precision`` (fp32, bf16 or fp16)."""
+    if precision not in _HALF:
+        raise ValueError(f"precision={precision!r} must be 'fp32', 'bf16' or 'fp16'")
+    return _HALF[precision] or torch.float32
+
+
+def block_elements(device: torch.device) -> int:
+    """Similarities computed per block: ~4M on CPU (cache-sized), ~64M on CUDA."""
+    return _BLOCK_ELEMENTS_CUDA if device.type == "cuda" else _BLOCK_ELEMENTS
+
+
+def matmul_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` (2-D or batched 3-D) as float32, with fp32 accumulation for half inputs.
+
+    float32 inputs: a plain product. bf16/fp16 inputs: on CUDA the product is
+    written in fp32 (``out_dtype=torch.float32``, torch >= 2.8; older torch
+    returns the half result, widened); on other devices the half product
+    (accumulated in fp32 by torch's CPU kernels) is widened.
+    """
+    if a.dtype == torch.float32:
+        return a @ b
+    key = a.device.type
+    if key == "cuda" and _OUT_DTYPE_OK.get(key, True):
+        op = torch.bmm if a.ndim == 3 else torch.mm
+        try:
+            return op(a, b, out_dtype=torch.float32)
+        except (RuntimeError, TypeError, NotImplementedError):
+            _OUT_DTYPE_OK[key] = False
+    return (a @ b).float()
+
+
+def shard_range(num_units: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Contiguous share ``[start, end)`` of ``num_units`` work units for ``rank`` of ``world_size``."""
+    return num_units * rank // world_size, num_units * (rank + 1) // world_size
 
 
 def default_group_size(candidates: int, num_items: int) -> int:
@@ -69,7 +141,7 @@ def default_group_size(candidates: int, num_items: int) -> int:
     return max(g for g in range(1, cap + 1) if candidates % g == 0 or g == 1)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _balanced_pools(order, m, g, p_uniform, seed, pools):
     """Fill ``pools`` [G, m]: group a = block a of ``order``; pool a = blocks a + t_r (mod G).
 
@@ -176,9 +248,79 @@ def _check_graph_args(x: np.ndarray, candidates: int, neighbors: int) -> None:
                          f"N={n}; lower candidates (or use knn_graph for exact neighbours)")
 
 
+class _ProximityPlan:
+    """Validated inputs, candidate pools and block layout of one proximity-graph build.
+
+    Shared by :func:`proximity_graph` (all blocks) and
+    :func:`hardbatch.distributed.proximity_graph` (one contiguous range of
+    blocks per rank): both run :meth:`rows` on the same blocks, so the sharded
+    graph equals the single-process one.
+    """
+
+    def __init__(self, embeddings, candidates: int, neighbors: int, seed: int,
+                 group_size: int | None, device, precision: str) -> None:
+        x = as_embeddings(embeddings)
+        self.candidates = check_int(candidates, "candidates", low=1)
+        self.neighbors = check_int(neighbors, "neighbors", low=1)
+        _check_graph_args(x, self.candidates, self.neighbors)
+        n = x.shape[0]
+        g = default_group_size(self.candidates, n) if group_size is None else check_int(
+            group_size, "group_size", low=1, high=max(1, n - self.candidates))
+        self.device = resolve_device(device)
+        self.dtype = check_precision(precision)
+        members, pools = candidate_pools(n, self.candidates, g, seed)
+        self.num_items = n
+        self.members = torch.from_numpy(members)
+        self.pools = torch.from_numpy(pools)
+        self.n_groups, self.g = members.shape
+        self.per_block = max(1, block_elements(self.device) // (self.g * self.candidates))
+        self.num_blocks = -(-self.n_groups // self.per_block)
+        self.x = x
+
+    def rows(self, block_start: int, block_end: int,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+        """Neighbour rows [n_items, K] (CPU int64) of the items of blocks [start, end), in group order.
+
+        With ``out`` ([N, K]) the rows are written into it in place (no second copy)
+        and ``out`` is returned.
+        """
+        emb = torch.from_numpy(self.x).to(self.device, self.dtype)
+        m, k, g = self.candidates, self.neighbors, self.g
+        parts = []
+        for b in range(block_start, block_end):
+            s = b * self.per_block
+            mem = self.members[s:s + self.per_block]
+            pool = self.pools[s:s + self.per_block].to(self.device, torch.int64)
+            blk = mem.shape[0]
+            cand = torch.index_select(emb, 0, pool.reshape(-1)).view(blk, m, -1)
+            query = torch.index_select(emb, 0, mem.clamp(min=0).reshape(-1).to(self.device))
+            sims = matmul_fp32(query.view(blk, g, -1), cand.transpose(1, 2))
+            top = sims.topk(k, dim=2, sorted=True).indices
+            ids = torch.gather(pool.unsqueeze(1).expand(blk, g, m), 2, top).reshape(-1, k)
+            valid = mem.reshape(-1) >= 0
+            if out is not None:
+                out[mem.reshape(-1)[valid]] = ids[valid.to(self.device)].cpu()
+            else:
+                parts.append(ids[valid.to(self.device)].cpu())
+        if out is not None:
+            return out
+        return torch.cat(parts) if parts else torch.empty((0, k), dtype=torch.int64)
+
+    def empty(self) -> torch.Tensor:
+        return torch.empty((self.num_items, self.neighbors), dtype=torch.int64)
+
+    def assemble(self, rows: torch.Tensor) -> torch.Tensor:
+        """Scatter rows of all blocks, in group order, into the [N, K] table."""
+        flat = self.members.reshape(-1)
+        out = self.empty()
+        out[flat[flat >= 0]] = rows
+        return out
+
+
 def proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 1000,
                     neighbors: int = 100, seed: int = 0, *,
-                    group_size: int | None = None) -> torch.Tensor:
+                    group_size: int | None = None, device: str | torch.device | None = None,
+                    precision: Precision = "fp32") -> torch.Tensor:
     """Proximity graph (BatchSampler Algorithm 2, eq. 3).
 
     For every item, M = ``candidates`` items are drawn uniformly without
@@ -193,67 +335,121 @@ def proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 100
         group_size: items sharing one candidate pool (see the module docstring);
             default: the largest divisor of M up to ``min(64, M // 16)`` (50 for
             M = 1000, 25 for M = 500); 1 gives fully independent pools.
+        device: where products and top-k run (default CPU); the pools are the
+            same on every device.
+        precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"`` (half-precision
+            inputs, fp32 accumulation; may change neighbours in near-ties).
 
     Returns:
-        int64 tensor [N, K]; row i holds i's neighbours by decreasing similarity.
+        int64 CPU tensor [N, K]; row i holds i's neighbours by decreasing similarity.
 
-    Memory: O(N*K) output plus O(N*M/g) pool ids (int32) and one block of
-    about 4M similarities.
+    Memory: O(N*K) output, O(N*M/g) pool ids (int32), the embeddings on
+    ``device`` (N*d in the chosen precision) and one block of about 4M (CPU) or
+    64M (CUDA) similarities with its gathered candidates.
     """
-    x = as_embeddings(embeddings)
-    candidates = check_int(candidates, "candidates", low=1)
-    neighbors = check_int(neighbors, "neighbors", low=1)
-    _check_graph_args(x, candidates, neighbors)
-    n, d = x.shape
-    g = default_group_size(candidates, n) if group_size is None else check_int(
-        group_size, "group_size", low=1, high=max(1, n - candidates))
-
-    members, pools = candidate_pools(n, candidates, g, seed)
-    n_groups, g = members.shape
-
-    emb = torch.from_numpy(x)
-    members_t = torch.from_numpy(members)
-    pools_t = torch.from_numpy(pools)
-    out = torch.empty((n, neighbors), dtype=torch.int64)
-    per_block = max(1, _BLOCK_ELEMENTS // (g * candidates))
-    for s in range(0, n_groups, per_block):
-        mem = members_t[s:s + per_block]
-        pool = pools_t[s:s + per_block].long()
-        blk = mem.shape[0]
-        cand = torch.index_select(emb, 0, pool.reshape(-1)).view(blk, candidates, d)
-        query = torch.index_select(emb, 0, mem.clamp(min=0).reshape(-1)).view(blk, g, d)
-        sims = torch.bmm(query, cand.transpose(1, 2))
-        top = sims.topk(neighbors, dim=2, sorted=True).indices
-        ids = torch.gather(pool.unsqueeze(1).expand(blk, g, candidates), 2, top)
-        valid = mem.reshape(-1) >= 0
-        out[mem.reshape(-1)[valid]] = ids.reshape(-1, neighbors)[valid]
-    return out
+    plan = _ProximityPlan(embeddings, candidates, neighbors, seed, group_size, device, precision)
+    return plan.rows(0, plan.num_blocks, out=plan.empty())
 
 
-def knn_graph(embeddings: torch.Tensor | np.ndarray, neighbors: int = 100) -> torch.Tensor:
+_KNN_METHODS = ("exact", "faiss", "faiss-ivf")
+
+
+class _KNNPlan:
+    """Validated inputs and row blocks of one kNN-graph build (see :class:`_ProximityPlan`)."""
+
+    def __init__(self, embeddings, neighbors: int, method: str, device, precision: str,
+                 nlist: int | None, nprobe: int, seed: int) -> None:
+        x = as_embeddings(embeddings)
+        self.neighbors = check_int(neighbors, "neighbors", low=1)
+        n = x.shape[0]
+        if self.neighbors >= n:
+            raise ValueError(f"neighbors={neighbors} must be smaller than the number of items N={n}")
+        if method not in _KNN_METHODS:
+            raise ValueError(f"method={method!r} must be one of {list(_KNN_METHODS)}")
+        self.x, self.num_items, self.method = x, n, method
+        self.device = resolve_device(device)
+        self.dtype = check_precision(precision)
+        self.nlist, self.nprobe, self.seed = nlist, check_int(nprobe, "nprobe", low=1), seed
+        self.rows_per_block = max(1, block_elements(self.device) // n)
+        if method != "exact":
+            self.rows_per_block = max(self.rows_per_block, 16384)
+        self.num_blocks = -(-n // self.rows_per_block)
+        self._index = None
+
+    def rows(self, block_start: int, block_end: int) -> torch.Tensor:
+        """Neighbour rows [end - start, K] (CPU int64) of the items of row blocks [start, end)."""
+        start = min(self.num_items, block_start * self.rows_per_block)
+        end = min(self.num_items, block_end * self.rows_per_block)
+        out = torch.empty((end - start, self.neighbors), dtype=torch.int64)
+        if self.method != "exact":
+            return self._faiss_rows(start, end, out)
+        emb = torch.from_numpy(self.x).to(self.device, self.dtype)
+        for s in range(start, end, self.rows_per_block):
+            e = min(end, s + self.rows_per_block)
+            sims = matmul_fp32(emb[s:e], emb.T)
+            sims[torch.arange(e - s, device=self.device),
+                 torch.arange(s, e, device=self.device)] = -torch.inf
+            out[s - start:e - start] = sims.topk(self.neighbors, dim=1, sorted=True).indices.cpu()
+        return out
+
+    def _faiss_rows(self, start: int, end: int, out: torch.Tensor) -> torch.Tensor:
+        try:
+            import faiss
+        except ImportError as exc:
+            raise ImportError(f"method={self.method!r} needs faiss: pip install faiss-cpu "
+                              "(or faiss-gpu), or use method='exact'") from exc
+        x, n, k = self.x, self.num_items, self.neighbors
+        if self._index is None:
+            d = x.shape[1]
+            if self.method == "faiss":
+                index = faiss.IndexFlatIP(d)
+            else:
+                nlist = int(self.nlist or max(1, min(n // 39, 4 * np.sqrt(n))))
+                index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist,
+                                           faiss.METRIC_INNER_PRODUCT)
+                index.cp.seed = int(self.seed) & 0x7FFFFFFF
+                sample = _rng.permutation(n, _rng.derive_seed(self.seed, 0x1BF))[:64 * nlist]
+                index.train(x[np.sort(sample)])
+                index.nprobe = min(self.nprobe, nlist)
+            if self.device.type == "cuda" and hasattr(faiss, "StandardGpuResources"):
+                self._res = faiss.StandardGpuResources()
+                index = faiss.index_cpu_to_gpu(self._res, self.device.index or 0, index)
+            index.add(x)
+            self._index = index
+        for s in range(start, end, 65536):  # bounded result buffers
+            e = min(end, s + 65536)
+            _, ids = self._index.search(x[s:e], k + 1)
+            own = ids == np.arange(s, e)[:, None]
+            # Drop the item itself (wherever it appears) or else the last of the K + 1.
+            own[~own.any(axis=1), k] = True
+            out[s - start:e - start] = torch.from_numpy(ids[~own].reshape(e - s, k))
+        return out
+
+
+def knn_graph(embeddings: torch.Tensor | np.ndarray, neighbors: int = 100, *,
+              method: Literal["exact", "faiss", "faiss-ivf"] = "exact",
+              device: str | torch.device | None = None, precision: Precision = "fp32",
+              nlist: int | None = None, nprobe: int = 16, seed: int = 0) -> torch.Tensor:
     """Exact K-nearest-neighbour graph by inner product, excluding self (the paper's "kNN graph").
-
-    Computed over row blocks of about 4M similarities: O(N^2 d) time,
-    O(N*K) memory.
 
     Args:
         embeddings: [N, d] float tensor or array.
         neighbors: K, ``1 <= K < N``.
+        method: ``"exact"`` (blocked dense products with torch, O(N^2 d) time),
+            ``"faiss"`` (faiss ``IndexFlatIP``: exact, same cost, faiss kernels) or
+            ``"faiss-ivf"`` (``IndexIVFFlat``, approximate, about nprobe/nlist of the
+            cost; the route for N >= 1M). faiss moves to the GPU when ``device`` is
+            CUDA and faiss-gpu is installed.
+        device, precision: as in :func:`proximity_graph` (``"exact"`` only for precision).
+        nlist, nprobe, seed: inverted lists (default min(N/39, 4 sqrt(N))), lists
+            probed per query, and the training-sample seed of ``"faiss-ivf"``.
 
     Returns:
-        int64 tensor [N, K], row i by decreasing similarity to item i.
+        int64 CPU tensor [N, K], row i by decreasing similarity to item i (ties
+        and the approximate method may order/choose differently).
+
+    Memory: O(N*K) output plus the embeddings and one block of about 4M (CPU)
+    or 64M (CUDA) similarities; faiss adds its index (N*d floats).
     """
-    x = as_embeddings(embeddings)
-    neighbors = check_int(neighbors, "neighbors", low=1)
-    n = x.shape[0]
-    if neighbors >= n:
-        raise ValueError(f"neighbors={neighbors} must be smaller than the number of items N={n}")
-    emb = torch.from_numpy(x)
-    out = torch.empty((n, neighbors), dtype=torch.int64)
-    rows = max(1, _BLOCK_ELEMENTS // n)
-    for s in range(0, n, rows):
-        e = min(n, s + rows)
-        sims = emb[s:e] @ emb.T
-        sims[torch.arange(e - s), torch.arange(s, e)] = -torch.inf
-        out[s:e] = sims.topk(neighbors, dim=1, sorted=True).indices
-    return out
+    plan = _KNNPlan(embeddings, neighbors, method, device, precision, nlist, nprobe, seed)
+    return plan.rows(0, plan.num_blocks)

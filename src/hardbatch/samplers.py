@@ -23,6 +23,7 @@ Every sampler here shares one contract:
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import time
 from collections.abc import Iterator
 from typing import Literal
@@ -32,10 +33,11 @@ import torch
 from torch.utils.data import Sampler
 
 from . import _rng
+from . import distributed as hbdist
 from ._validation import check_int, num_items_of
 from .embeddings import EmbeddingSource, read_embeddings, source_num_items
 from .gcbs import gcbs_permutation
-from .graph import knn_graph, proximity_graph
+from .graph import check_precision, knn_graph, proximity_graph, resolve_device
 from .walks import WALKS, WalkState, default_patience, prepare_graph
 
 __all__ = ["GCBSSampler", "KNNBatchSampler", "ProximityGraphSampler", "UniformBatchSampler"]
@@ -57,6 +59,16 @@ def _dist_defaults(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank >= world_size:
         raise ValueError(f"rank={rank} must be smaller than world_size={world_size}")
     return rank, world_size
+
+
+def _resolve_distributed(distributed: bool | None, group, rank: int, world_size: int) -> bool:
+    """``distributed`` resolved: None means "torch.distributed is on and these are its ranks"."""
+    if distributed is None:
+        return hbdist.is_distributed(group) and (rank, world_size) == hbdist.get_rank_world(group)
+    if distributed and not hbdist.is_distributed(group):
+        raise ValueError("distributed=True needs torch.distributed initialised with more "
+                         "than one rank (torchrun); pass distributed=False otherwise")
+    return bool(distributed)
 
 
 class _PlanSampler(Sampler[list[int]]):
@@ -224,25 +236,42 @@ class GCBSSampler(_PlanSampler):
         batch_size: B.
         quantile: sparsification quantile (paper: 0.999).
         paired: the Y side of paired data (same kinds as ``embeddings``), or None.
-        method: ``"exact"``, ``"ivf"`` or ``"faiss"`` thresholding (see gcbs_permutation).
+        method: ``"exact"``, ``"ivf"``, ``"faiss"`` or ``"partition"`` (see gcbs_permutation).
+        nlist, nprobe, partitions: options of those methods.
         shuffle_batches: visit the batches in random order (default False: the
             paper's sequential order).
+        device, precision: where and in which precision the similarity products run
+            (see :func:`hardbatch.gcbs_permutation`).
+        distributed: share the pair search across the ranks of ``process_group``
+            (:func:`hardbatch.distributed.gcbs_permutation`; the same order as one
+            process). None (default): on when torch.distributed is initialised and
+            ``rank`` / ``world_size`` are its own.
         drop_last, seed, rank, world_size: as in every sampler.
     """
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, quantile: float = 0.999, *,
                  paired: EmbeddingSource | None = None,
-                 method: Literal["exact", "ivf", "faiss"] = "exact",
+                 method: Literal["exact", "ivf", "faiss", "partition"] = "exact",
                  shuffle_batches: bool = False, drop_last: bool = False, seed: int = 0,
-                 nlist: int | None = None, nprobe: int = 8, rank: int | None = None,
-                 world_size: int | None = None) -> None:
+                 nlist: int | None = None, nprobe: int = 8, partitions: int | None = None,
+                 device: str | torch.device | None = None,
+                 precision: Literal["fp32", "bf16", "fp16"] = "fp32",
+                 distributed: bool | None = None, process_group=None,
+                 rank: int | None = None, world_size: int | None = None) -> None:
         n, self._first = source_num_items(embeddings)
         super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
                          world_size=world_size)
+        self.device = resolve_device(device)
+        check_precision(precision)
+        self.precision = precision
+        self.process_group = process_group
+        self.distributed = _resolve_distributed(distributed, process_group, self.rank,
+                                                self.world_size)
         if not 0.0 < float(quantile) < 1.0:
             raise ValueError(f"quantile={quantile} must lie strictly between 0 and 1")
-        if method not in ("exact", "ivf", "faiss"):
-            raise ValueError(f"method={method!r} must be 'exact', 'ivf' or 'faiss'")
+        if method not in ("exact", "ivf", "faiss", "partition"):
+            raise ValueError(f"method={method!r} must be 'exact', 'ivf', 'faiss' or 'partition'")
+        self.partitions = partitions
         self.source, self.paired = embeddings, paired
         self.quantile, self.method = float(quantile), method
         self.shuffle_batches = bool(shuffle_batches)
@@ -258,9 +287,13 @@ class GCBSSampler(_PlanSampler):
         x = self._first if self._first is not None else read_embeddings(self.source)
         self._first = None
         y = None if self.paired is None else read_embeddings(self.paired, "paired")
-        perm = gcbs_permutation(x, self.quantile, y, method=self.method,
-                                seed=_rng.derive_seed(self.seed, self.epoch) & 0x7FFFFFFF,
-                                nlist=self.nlist, nprobe=self.nprobe)
+        build = hbdist.gcbs_permutation if self.distributed else gcbs_permutation
+        kw = {"group": self.process_group} if self.distributed else {}
+        perm = build(x, self.quantile, y, method=self.method,
+                     seed=_rng.derive_seed(self.seed, self.epoch) & 0x7FFFFFFF,
+                     nlist=self.nlist, nprobe=self.nprobe, partitions=self.partitions,
+                     device=self.device,
+                     precision=self.precision, **kw)
         self._order = perm.numpy()
         nb = self.batches_per_epoch
         self._batch_order = (_rng.permutation(nb, _rng.derive_seed(self.seed, self.epoch, 2))
@@ -297,11 +330,28 @@ class _RefreshingSampler(_PlanSampler):
     ``refresh_every`` (counted over the whole run, per rank), so a sampler
     started at any epoch builds the same structure for the same embeddings.
     Start nodes / anchors come from a per-epoch :class:`WalkState`.
+
+    Pipelined refresh (``refresh_lag`` L >= 1): at a refresh step s > 0 the
+    source is snapshotted (copied) and the new structure built from that
+    snapshot comes into use at step s + L; steps s .. s + L - 1 still use the
+    previous one. With ``background=True`` the build runs in a worker thread
+    (torch products and the numba kernels release the GIL), so the training
+    loop only waits if a build takes longer than L steps; the batches are the
+    same as with ``background=False`` and the same L (the build then simply
+    runs at step s in the calling thread).
+
+    Distributed build (``distributed``): the rows of the graph are built in
+    shards, one per rank, and all-gathered (:mod:`hardbatch.distributed`); the
+    graph equals the single-process one. A background build uses a process
+    group of its own (created at construction, a collective call), so its
+    collectives never interleave with the training loop's.
     """
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, *,
                  refresh_every: int | None, drop_last: bool, seed: int, normalize: bool,
-                 rank: int | None, world_size: int | None) -> None:
+                 rank: int | None, world_size: int | None, refresh_lag: int | None = None,
+                 background: bool = False, distributed: bool | None = None,
+                 process_group=None) -> None:
         n, self._first = source_num_items(embeddings)
         super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
                          world_size=world_size)
@@ -309,29 +359,62 @@ class _RefreshingSampler(_PlanSampler):
             refresh_every, "refresh_every", low=1)
         self.source = embeddings
         self.normalize = bool(normalize)
+        self.background = bool(background)
+        lag = (1 if self.background else 0) if refresh_lag is None else refresh_lag
+        self.refresh_lag = check_int(lag, "refresh_lag", low=0)
+        if self.background and self.refresh_lag == 0:
+            raise ValueError("background=True needs refresh_lag >= 1 (steps between the "
+                             "snapshot and the use of the new graph); pass refresh_lag=1")
+        if self.refresh_lag and self.refresh_every is not None and \
+                self.refresh_lag >= self.refresh_every:
+            raise ValueError(f"refresh_lag={self.refresh_lag} must be smaller than "
+                             f"refresh_every={self.refresh_every}")
+        self.process_group = process_group
+        self.distributed = _resolve_distributed(distributed, process_group, self.rank,
+                                                self.world_size)
+        self._build_group = process_group
+        if self.distributed and self.background:
+            ranks = None if process_group is None else \
+                torch.distributed.get_process_group_ranks(process_group)
+            self._build_group = torch.distributed.new_group(
+                ranks=ranks, backend=torch.distributed.get_backend(process_group))
+        self._structure = None
         self._built_step = -1
+        self._next: tuple | None = None  # (snapshot step, structure or Future)
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._walk_state: WalkState | None = None
         self.last_refresh_seconds = 0.0
         self.refreshes = 0
 
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_executor"] = None
+        if state["_next"] is not None:
+            state["_next"] = (state["_next"][0], self._resolve_next())
+        return state
+
     # -- subclass hooks ------------------------------------------------
-    def _rebuild(self, x: np.ndarray, seed: int) -> None:
+    def _rebuild(self, x: np.ndarray, seed: int, group) -> object:
+        """Build the structure from normalised embeddings ``x``; ``group``: distributed build or None."""
         raise NotImplementedError
+
+    def _install(self, structure) -> None:
+        """Make ``structure`` the one batches are drawn from."""
+        self._structure = structure
 
     def _draw(self, index: int, seed: int) -> np.ndarray:
         raise NotImplementedError
 
-    def _payload(self) -> dict:
-        """The built structure, for checkpoints ({} before the first build)."""
+    def _payload(self, structure) -> dict:
+        """A built structure, for checkpoints."""
         raise NotImplementedError
 
-    def _load_payload(self, state: dict) -> None:
+    def _load_payload(self, state: dict) -> object:
+        """The structure saved by :meth:`_payload`."""
         raise NotImplementedError
 
     # -- shared machinery ----------------------------------------------
-    def refresh(self, global_step: int = 0) -> None:
-        """Re-read the embedding source and rebuild (as scheduled at ``global_step``)."""
-        t0 = time.perf_counter()
+    def _read(self, copy: bool) -> np.ndarray:
         x = self._first if self._first is not None else read_embeddings(self.source)
         self._first = None
         if x.shape[0] != self.num_items:
@@ -339,11 +422,49 @@ class _RefreshingSampler(_PlanSampler):
                              f"built for {self.num_items}")
         if self.normalize:
             x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-        self._rebuild(np.ascontiguousarray(x, np.float32),
-                      _rng.derive_seed(self.seed, global_step, 0x6A))
+        elif copy:
+            x = x.copy()  # a snapshot: the bank keeps changing while the build runs
+        return np.ascontiguousarray(x, np.float32)
+
+    def _build(self, x: np.ndarray, global_step: int, group) -> object:
+        t0 = time.perf_counter()
+        structure = self._rebuild(x, _rng.derive_seed(self.seed, global_step, 0x6A), group)
+        self.last_refresh_seconds = time.perf_counter() - t0
+        return structure
+
+    def refresh(self, global_step: int = 0) -> None:
+        """Re-read the embedding source and rebuild (as scheduled at ``global_step``)."""
+        group = self.process_group if self.distributed else None
+        self._install(self._build(self._read(copy=False), global_step, group))
         self._built_step = global_step
         self.refreshes += 1
-        self.last_refresh_seconds = time.perf_counter() - t0
+
+    def _schedule(self, global_step: int) -> None:
+        """Snapshot the source now; build (in the background thread if enabled) for later use."""
+        x = self._read(copy=True)
+        if self.background:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="hardbatch-refresh")
+            group = self._build_group if self.distributed else None
+            self._next = (global_step, self._executor.submit(self._build, x, global_step, group))
+        else:
+            group = self.process_group if self.distributed else None
+            self._next = (global_step, self._build(x, global_step, group))
+
+    def _resolve_next(self):
+        step, structure = self._next
+        if isinstance(structure, concurrent.futures.Future):
+            structure = structure.result()
+            self._next = (step, structure)
+        return structure
+
+    def _due(self, global_step: int) -> int:
+        """Refresh step whose structure is in use at ``global_step``."""
+        if self.refresh_every is None:
+            return 0
+        s = global_step - global_step % self.refresh_every
+        return s if s == 0 or global_step - s >= self.refresh_lag else s - self.refresh_every
 
     @property
     def coverage(self) -> float:
@@ -355,15 +476,29 @@ class _RefreshingSampler(_PlanSampler):
             self._walk_state = WalkState(self.num_items, self.seed, self.epoch)
 
     def _generate(self, index: int, global_step: int) -> np.ndarray:
-        due = 0 if self.refresh_every is None else global_step - global_step % self.refresh_every
+        t = self.refresh_every
+        if self.refresh_lag and t is not None and global_step % t == 0 and global_step > 0 \
+                and self._built_step != global_step and \
+                (self._next is None or self._next[0] != global_step):
+            self._schedule(global_step)
+        due = self._due(global_step)
         if self._built_step != due:
-            self.refresh(due)
+            if self._next is not None and self._next[0] == due:
+                self._install(self._resolve_next())
+                self._built_step, self._next = due, None
+                self.refreshes += 1
+            else:
+                self.refresh(due)
         return self._draw(index, _rng.derive_seed(self.seed, self.epoch, index, 0xB))
 
     def _generator_state(self, mid_epoch: bool) -> dict:
-        state = dict(self._payload())  # the structure outlives epochs until its next refresh
+        # The structure outlives epochs until its next refresh.
+        state = {} if self._structure is None else dict(self._payload(self._structure))
         if state:
             state["built_step"] = self._built_step
+        if self._next is not None:
+            state["next"] = self._payload(self._resolve_next())
+            state["next_step"] = self._next[0]
         if mid_epoch:
             state["walk"] = self._walk_state.state_dict()
         return state
@@ -374,9 +509,12 @@ class _RefreshingSampler(_PlanSampler):
             self._walk_state = WalkState(self.num_items, self.seed, self.epoch)
             self._walk_state.load_state_dict(state["walk"])
         if "built_step" in state:
-            self._load_payload(state)
+            self._install(self._load_payload(state))
             self._built_step = int(state["built_step"])
             self._first = None
+        self._next = None
+        if "next" in state:
+            self._next = (int(state["next_step"]), self._load_payload(state["next"]))
 
 
 class ProximityGraphSampler(_RefreshingSampler):
@@ -404,6 +542,22 @@ class ProximityGraphSampler(_RefreshingSampler):
         normalize: L2-normalise embeddings first (cosine similarity); default True.
         group_size: candidate-pool sharing of :func:`proximity_graph`.
         patience: RWR/RW steps without a new item before jumping to a fresh start.
+        device: where the graph is built (``"cuda"``: products and top-k on the GPU;
+            the candidate pools, hence the graph up to floating-point near-ties, are
+            the same on every device). Walks run on the CPU.
+        precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"`` products with
+            fp32 accumulation (see :func:`hardbatch.proximity_graph`).
+        refresh_lag: steps between the snapshot of the embeddings at a refresh step
+            and the use of the graph built from it (default 0, or 1 with
+            ``background``); see "Background planning" in docs/distributed.md.
+        background: build the next graph in a worker thread from the snapshot, so
+            the training loop does not wait for it; same batches as
+            ``background=False`` with the same ``refresh_lag``.
+        distributed: build the graph sharded across the ranks of ``process_group``
+            and all-gather it (identical to the single-process graph). None
+            (default): on when torch.distributed is initialised and ``rank`` /
+            ``world_size`` are its own. Every rank must then iterate the sampler.
+        process_group: torch.distributed group (default: the default group).
         drop_last, seed, rank, world_size: as in every sampler.
     """
 
@@ -413,10 +567,18 @@ class ProximityGraphSampler(_RefreshingSampler):
                  refresh_every: int | None = 100, *, epochs: int | None = None,
                  drop_last: bool = False, seed: int = 0, normalize: bool = True,
                  group_size: int | None = None, patience: int | None = None,
+                 device: str | torch.device | None = None,
+                 precision: Literal["fp32", "bf16", "fp16"] = "fp32",
+                 refresh_lag: int | None = None, background: bool = False,
+                 distributed: bool | None = None, process_group=None,
                  rank: int | None = None, world_size: int | None = None) -> None:
         super().__init__(embeddings, batch_size, refresh_every=refresh_every,
                          drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
-                         world_size=world_size)
+                         world_size=world_size, refresh_lag=refresh_lag, background=background,
+                         distributed=distributed, process_group=process_group)
+        self.device = resolve_device(device)
+        check_precision(precision)
+        self.precision = precision
         if walk not in WALKS:
             raise ValueError(f"walk={walk!r} must be one of {sorted(WALKS)}")
         if isinstance(restart, (int, float)):
@@ -455,13 +617,24 @@ class ProximityGraphSampler(_RefreshingSampler):
         """The current neighbour table [N, K] (None before the first batch)."""
         return None if self._graph is None else torch.from_numpy(self._graph)
 
-    def _rebuild(self, x: np.ndarray, seed: int) -> None:
-        if self.graph_kind == "knn":
-            graph = knn_graph(x, self.neighbors)
+    def _rebuild(self, x: np.ndarray, seed: int, group) -> tuple[np.ndarray, np.ndarray]:
+        kw = {"device": self.device, "precision": self.precision}
+        if group is None and not self.distributed:
+            if self.graph_kind == "knn":
+                graph = knn_graph(x, self.neighbors, **kw)
+            else:
+                graph = proximity_graph(x, self.candidates, self.neighbors, seed,
+                                        group_size=self.group_size, **kw)
+        elif self.graph_kind == "knn":
+            graph = hbdist.knn_graph(x, self.neighbors, group=group, **kw)
         else:
-            graph = proximity_graph(x, self.candidates, self.neighbors, seed,
-                                    group_size=self.group_size)
-        self._graph, self._deg = prepare_graph(graph, self.num_items)
+            graph = hbdist.proximity_graph(x, self.candidates, self.neighbors, seed,
+                                           group_size=self.group_size, group=group, **kw)
+        return prepare_graph(graph, self.num_items)
+
+    def _install(self, structure) -> None:
+        self._structure = structure
+        self._graph, self._deg = structure
 
     def _restart_at(self, epoch: int, index: int) -> float:
         """Alpha for global plan batch ``index`` of ``epoch``.
@@ -484,15 +657,12 @@ class ProximityGraphSampler(_RefreshingSampler):
                                      np.array([self._restart_at(self.epoch, index)]),
                                      np.array([seed], np.uint64), patience)[0]
 
-    def _payload(self) -> dict:
-        if self._graph is None:
-            return {}
-        return {"graph": torch.from_numpy(self._graph.astype(
+    def _payload(self, structure) -> dict:
+        return {"graph": torch.from_numpy(structure[0].astype(
             np.int32 if self.num_items < 2**31 else np.int64))}
 
-    def _load_payload(self, state: dict) -> None:
-        self._graph, self._deg = prepare_graph(np.asarray(state["graph"], np.int64),
-                                               self.num_items)
+    def _load_payload(self, state: dict):
+        return prepare_graph(np.asarray(state["graph"], np.int64), self.num_items)
 
 
 class KNNBatchSampler(_RefreshingSampler):
@@ -508,35 +678,46 @@ class KNNBatchSampler(_RefreshingSampler):
         embeddings: as for :class:`ProximityGraphSampler`.
         batch_size: B (< N).
         refresh_every: steps between snapshots; None reads the source once.
+        refresh_lag: steps between a snapshot and its use (default 0).
+        device: where the per-batch product runs (the snapshot lives there).
         normalize, drop_last, seed, rank, world_size: as in every sampler.
+
+    Under DDP every rank needs the same snapshot for the plans to agree:
+    feed it from an :class:`EmbeddingBank` (synchronised across ranks) or a
+    fixed table.
     """
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int,
                  refresh_every: int | None = 100, *, drop_last: bool = False, seed: int = 0,
-                 normalize: bool = True, rank: int | None = None,
+                 normalize: bool = True, refresh_lag: int | None = None,
+                 device: str | torch.device | None = None, rank: int | None = None,
                  world_size: int | None = None) -> None:
         super().__init__(embeddings, batch_size, refresh_every=refresh_every,
                          drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
-                         world_size=world_size)
+                         world_size=world_size, refresh_lag=refresh_lag, distributed=False)
+        self.device = resolve_device(device)
         if self.batch_size >= self.num_items:
             raise ValueError(f"batch_size={batch_size} must be smaller than N={self.num_items} "
                              "for the kNN sampler (anchor plus B-1 neighbours)")
         self._snapshot: torch.Tensor | None = None
 
-    def _rebuild(self, x: np.ndarray, seed: int) -> None:
-        self._snapshot = torch.from_numpy(x)
+    def _rebuild(self, x: np.ndarray, seed: int, group) -> torch.Tensor:
+        return torch.from_numpy(x).to(self.device)
+
+    def _install(self, structure) -> None:
+        self._structure = self._snapshot = structure
 
     def _draw(self, index: int, seed: int) -> np.ndarray:
         anchor = self._walk_state.next_start(seed)
         sims = self._snapshot @ self._snapshot[anchor]
         sims[anchor] = -torch.inf
-        nearest = sims.topk(self.batch_size - 1, sorted=True).indices.numpy()
+        nearest = sims.topk(self.batch_size - 1, sorted=True).indices.cpu().numpy()
         batch = np.concatenate([[anchor], nearest]).astype(np.int64)
         self._walk_state.seen[batch] = 1
         return batch
 
-    def _payload(self) -> dict:
-        return {} if self._snapshot is None else {"snapshot": self._snapshot.clone()}
+    def _payload(self, structure) -> dict:
+        return {"snapshot": structure.cpu().clone()}
 
-    def _load_payload(self, state: dict) -> None:
-        self._snapshot = torch.as_tensor(state["snapshot"], dtype=torch.float32)
+    def _load_payload(self, state: dict) -> torch.Tensor:
+        return torch.as_tensor(state["snapshot"], dtype=torch.float32).to(self.device)

@@ -61,7 +61,7 @@ WALKS: dict[str, int] = {"rwr": 0, "rw": 1, "bfs": 2, "dfs": 3}
 __all__ = ["WALKS", "WalkState", "walk_batches"]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _row_degrees(neighbors: np.ndarray) -> np.ndarray:
     """Valid entries per row; -1 if a row has a valid entry after a -1 or an id out of range."""
     n, k = neighbors.shape

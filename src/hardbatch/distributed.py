@@ -1,0 +1,158 @@
+"""torch.distributed glue: sharded graph construction and embedding-bank synchronisation.
+
+hardbatch scales with the engine training already uses (DDP launched by
+``torchrun``), not a home-made one. Every function here takes an optional
+process ``group`` (default: the default group) and is a plain single-process
+call when torch.distributed is not initialised or the group has one rank, so
+the same code runs with and without ``torchrun``. Collectives run on the
+device the backend needs: CUDA for ``nccl`` (``torch.cuda.current_device()``),
+CPU for ``gloo``.
+
+- :func:`all_gather_rows`: concatenation over ranks of tensors with equal
+  trailing shape and *uneven* row counts (counts first, then a padded
+  ``all_gather``, padding stripped), in rank order.
+- :func:`proximity_graph` / :func:`knn_graph`: each rank computes the cheap,
+  seeded candidate-pool table in full (the same on every rank), builds the
+  rows of its contiguous range of blocks of groups (rows for the kNN graph)
+  on its own ``device``, and the rows are all-gathered: the result equals the
+  single-process :func:`hardbatch.proximity_graph` / :func:`hardbatch.knn_graph`
+  bit for bit (same blocks, same products), with 1/W of the work per rank.
+- :func:`gcbs_permutation`: the threshold is estimated on every rank (same
+  seeded sample), the search for pairs above it is shared (row blocks or
+  inverted lists), the pairs are all-gathered and every rank runs the same
+  reverse Cuthill-McKee: the same order as the single-process call (for
+  ``"ivf"`` on CUDA, k-means with atomic adds may differ in the last bits
+  between ranks; the order is still the same on every rank).
+- :func:`sync_bank_update`: the (indices, embeddings) every rank computed this
+  step, all-gathered, so that every rank's :class:`~hardbatch.EmbeddingBank`
+  holds the same table (``EmbeddingBank(sync=True)`` calls it in ``update``).
+
+Memory per rank: the pool table N*M/g int32 (g items share a pool; 100 MB at
+N = 1.28M, M = 1000, g = 50), the embeddings N*d, one block, and the full
+[N, K] int64 graph after the gather (the walks need all of it), plus a
+receive buffer of W * max-rows-per-rank * K during the gather.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .gcbs import _gcbs_inputs, _PairPlan, _rcm_order, similarity_threshold
+from .gcbs import gcbs_permutation as _gcbs_permutation
+from .graph import Precision, _KNNPlan, _ProximityPlan, shard_range
+
+__all__ = ["all_gather_rows", "gcbs_permutation", "get_rank_world", "is_distributed",
+           "knn_graph", "proximity_graph", "sync_bank_update"]
+
+
+def is_distributed(group=None) -> bool:
+    """True when torch.distributed is initialised and ``group`` has more than one rank."""
+    return (dist.is_available() and dist.is_initialized()
+            and dist.get_world_size(group) > 1)
+
+
+def get_rank_world(group=None) -> tuple[int, int]:
+    """(rank, world size) in ``group``; (0, 1) when torch.distributed is not initialised."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _comm_device(group=None) -> torch.device:
+    """CUDA (current device) for nccl, CPU otherwise (gloo)."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_gather_rows(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Concatenate ``tensor`` [n_r, ...] of every rank along dim 0, in rank order.
+
+    Ranks may hold different row counts n_r (e.g. a short last batch): counts
+    are gathered first, every rank pads to the largest, and the padding is
+    dropped. The result lives on ``tensor``'s device. Returns ``tensor``
+    itself when not distributed.
+    """
+    if not is_distributed(group):
+        return tensor
+    dev = _comm_device(group)
+    world = dist.get_world_size(group)
+    count = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=dev)
+    counts = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(counts, count, group=group)
+    counts = [int(c.item()) for c in counts]
+    most = max(counts)
+    padded = torch.zeros((most, *tensor.shape[1:]), dtype=tensor.dtype, device=dev)
+    padded[:tensor.shape[0]] = tensor.to(dev)
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([p[:c] for p, c in zip(parts, counts)]).to(tensor.device)
+
+
+def proximity_graph(embeddings, candidates: int = 1000, neighbors: int = 100, seed: int = 0, *,
+                    group_size: int | None = None, device: str | torch.device | None = None,
+                    precision: Precision = "fp32", group=None) -> torch.Tensor:
+    """:func:`hardbatch.proximity_graph`, built by all ranks of ``group`` together.
+
+    Every rank must call it with the same embeddings and arguments (as after
+    :func:`sync_bank_update`). Rank r builds the rows of blocks
+    ``[r*nb/W, (r+1)*nb/W)`` of the block layout (whole groups sharing a
+    candidate pool, BatchSampler eq. 3) on its ``device``; the rows are
+    all-gathered, so every rank returns the full [N, K] graph, identical to the
+    single-process one.
+    """
+    plan = _ProximityPlan(embeddings, candidates, neighbors, seed, group_size, device, precision)
+    rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
+    start, end = shard_range(plan.num_blocks, rank, world)
+    return plan.assemble(all_gather_rows(plan.rows(start, end), group))
+
+
+def knn_graph(embeddings, neighbors: int = 100, *, method: str = "exact",
+              device: str | torch.device | None = None, precision: Precision = "fp32",
+              nlist: int | None = None, nprobe: int = 16, seed: int = 0,
+              group=None) -> torch.Tensor:
+    """:func:`hardbatch.knn_graph`, rows sharded by contiguous row blocks across ``group``."""
+    plan = _KNNPlan(embeddings, neighbors, method, device, precision, nlist, nprobe, seed)
+    rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
+    start, end = shard_range(plan.num_blocks, rank, world)
+    return all_gather_rows(plan.rows(start, end), group)
+
+
+def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method: str = "exact",
+                     seed: int = 0, nlist: int | None = None, nprobe: int = 8,
+                     partitions: int | None = None, device: str | torch.device | None = None,
+                     precision: Precision = "fp32", group=None) -> torch.Tensor:
+    """:func:`hardbatch.gcbs_permutation` with the pair search (GCBS eq. 5) shared across ``group``.
+
+    ``method="partition"`` is not shared: every rank computes the whole (same) order.
+    """
+    if method == "partition":
+        return _gcbs_permutation(embeddings, quantile, paired, method=method, seed=seed,
+                                 partitions=partitions, device=device, precision=precision)
+    x, y, quantile = _gcbs_inputs(embeddings, paired, quantile)
+    n = x.shape[0]
+    if n == 1:
+        return torch.zeros(1, dtype=torch.int64)
+    threshold = similarity_threshold(x, y, quantile, seed, device=device, precision=precision)
+    plan = _PairPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
+                     device=device, precision=precision)
+    rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
+    rows, cols = plan.pairs(*shard_range(plan.num_units, rank, world))
+    pairs = all_gather_rows(torch.from_numpy(np.stack([rows, cols], axis=1)), group).numpy()
+    return _rcm_order(pairs[:, 0], pairs[:, 1], n, seed)
+
+
+def sync_bank_update(indices: torch.Tensor, embeddings: torch.Tensor,
+                     group=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """All ranks' (indices [b_r], embeddings [b_r, d]) of this step, concatenated in rank order.
+
+    Batch sizes may differ between ranks (the last batch of an epoch). Every
+    rank must call it once per step (it is a collective, like DDP's gradient
+    all-reduce). Writing the result in order makes all banks identical; an
+    item updated by several ranks in one step keeps the highest rank's value.
+    """
+    idx = all_gather_rows(indices.reshape(-1).to(torch.int64), group)
+    emb = all_gather_rows(embeddings, group)
+    return idx, emb

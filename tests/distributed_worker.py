@@ -1,0 +1,192 @@
+"""One rank of the torchrun test (tests/test_distributed.py); run it with
+
+    torchrun --standalone --nproc_per_node=2 tests/distributed_worker.py
+
+Checks, on gloo (CPU): all_gather_rows with uneven sizes, sharded proximity / kNN
+graphs and GCBS orders == the single-process ones, EmbeddingBank synchronisation, identical plans and
+distinct (item-disjoint for partitions) batches per step, a DDP-style training loop
+(bank fed from each rank's batches, graph rebuilt sharded) that reproduces a
+single-process simulation of the same run, and background planning under DDP.
+Each rank prints ``RANK r OK`` at the end; any failed check raises.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import hardbatch as hb
+import hardbatch.distributed as hbdist
+import hardbatch.graph as hbgraph
+
+N, D, B = 600, 16, 40
+
+
+def gather_objects(obj):
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def fake_encoder(base: torch.Tensor, idx: torch.Tensor, step: int) -> torch.Tensor:
+    """Embeddings that depend only on (item, step): the same on any rank or process."""
+    drift = torch.cos(idx[:, None].double() * 0.37 + step * 0.11 + torch.arange(D)).float()
+    return base[idx] + 0.3 * drift
+
+
+def check_gather(rank: int, world: int) -> None:
+    mine = torch.arange(rank * 10, rank * 10 + 3 + 2 * rank).reshape(-1, 1).repeat(1, 3)
+    got = hbdist.all_gather_rows(mine)
+    want = torch.cat([torch.arange(r * 10, r * 10 + 3 + 2 * r).reshape(-1, 1).repeat(1, 3)
+                      for r in range(world)])
+    assert torch.equal(got, want), (got, want)
+    empty = hbdist.all_gather_rows(torch.zeros((0 if rank == 0 else 2, 4)))
+    assert empty.shape == (2 * (world - 1), 4)
+
+
+def check_graphs(x: np.ndarray) -> None:
+    # Small blocks, so that both ranks build several blocks of groups / rows.
+    hbgraph._BLOCK_ELEMENTS = 1 << 13
+    for g in (None, 1):
+        sharded = hbdist.proximity_graph(x, 100, 10, seed=3, group_size=g)
+        assert torch.equal(sharded, hb.proximity_graph(x, 100, 10, seed=3, group_size=g))
+    assert torch.equal(hbdist.knn_graph(x, 10), hb.knn_graph(x, 10))
+    for method in ("exact", "ivf"):
+        assert torch.equal(hbdist.gcbs_permutation(x, 0.99, method=method, seed=4),
+                           hb.gcbs_permutation(x, 0.99, method=method, seed=4)), method
+    hbgraph._BLOCK_ELEMENTS = 1 << 22
+
+
+def check_bank(rank: int, world: int) -> None:
+    bank = hb.EmbeddingBank(50, 4, seed=1)  # sync is automatic under torchrun
+    assert bank.synchronized
+    ref = hb.EmbeddingBank(50, 4, seed=1, sync=False)
+    for step in range(3):
+        sizes = [5 + r + step for r in range(world)]  # uneven sizes
+        idx = [torch.arange(r * 7 + step, r * 7 + step + sizes[r]) % 50 for r in range(world)]
+        val = [torch.full((sizes[r], 4), float(10 * step + r)) for r in range(world)]
+        bank.update(idx[rank], val[rank])
+        ref.update(torch.cat(idx), torch.cat(val))  # one process doing all ranks' updates
+    tables = gather_objects(bank.embeddings)
+    assert all(torch.equal(t, ref.embeddings) for t in tables)
+    assert torch.equal(bank.last_update, ref.last_update) and bank.step == ref.step
+
+
+def check_plans(x: np.ndarray, rank: int, world: int) -> None:
+    for kind in ("uniform", "proximity", "knn", "gcbs"):
+        kw = {"seed": 5}
+        if kind == "uniform":
+            s = hb.UniformBatchSampler(N, B, **kw)
+            single = hb.UniformBatchSampler(N, B, rank=0, world_size=1, **kw)
+        elif kind == "proximity":
+            s = hb.ProximityGraphSampler(x, B, 100, 10, refresh_every=None, **kw)
+            single = hb.ProximityGraphSampler(x, B, 100, 10, refresh_every=None, rank=0,
+                                              world_size=1, **kw)
+            assert s.distributed and not single.distributed
+        elif kind == "knn":
+            s = hb.KNNBatchSampler(x, B, refresh_every=None, **kw)
+            single = hb.KNNBatchSampler(x, B, refresh_every=None, rank=0, world_size=1, **kw)
+        else:
+            s = hb.GCBSSampler(x, B, quantile=0.99, **kw)
+            single = hb.GCBSSampler(x, B, quantile=0.99, rank=0, world_size=1, **kw)
+            assert s.distributed and not single.distributed
+        assert (s.rank, s.world_size) == (rank, world)
+        mine = list(s)
+        everyone = gather_objects(mine)
+        steps = math.ceil(math.ceil(N / B) / world)
+        assert all(len(p) == steps for p in everyone)
+        interleaved = [everyone[r][k] for k in range(steps) for r in range(world)]
+        assert interleaved[:math.ceil(N / B)] == list(single), kind  # = the single-process plan
+        for k in range(steps):
+            batches = [everyone[r][k] for r in range(world)]
+            assert len({tuple(b) for b in batches}) == world, (kind, k)  # distinct per step
+            if kind in ("uniform", "gcbs") and (k + 1) * world <= math.ceil(N / B):
+                items = [i for b in batches for i in b]
+                assert len(items) == len(set(items)), (kind, k)  # partitions: disjoint
+
+
+def train_like(base, sampler, bank, epochs: int, rank: int, world: int):
+    """DDP-style loop: each rank encodes its own batch and feeds the (synchronised) bank."""
+    loader = torch.utils.data.DataLoader(torch.arange(N), batch_sampler=sampler)
+    seen, step = [], 0
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for idx in loader:
+            seen.append(idx.tolist())
+            bank.update(idx, fake_encoder(base, idx, step))
+            step += 1
+    return seen
+
+
+def simulate_single_process(base, make_sampler, epochs: int, world: int):
+    """The same run in one process: W samplers (rank=r, not distributed) and one bank
+    that receives every rank's updates in rank order, as the synchronised banks do."""
+    bank = hb.EmbeddingBank(N, D, seed=2, sync=False)
+    samplers = [make_sampler(bank, r, world) for r in range(world)]
+    seen, step = [[] for _ in range(world)], 0
+    for epoch in range(epochs):
+        its = []
+        for s in samplers:
+            s.set_epoch(epoch)
+            its.append(iter(s))
+        for _ in range(len(samplers[0])):
+            batches = [torch.tensor(next(it)) for it in its]
+            for r in range(world):
+                seen[r].append(batches[r].tolist())
+            bank.update(torch.cat(batches),
+                        torch.cat([fake_encoder(base, b, step) for b in batches]))
+            step += 1
+    return seen
+
+
+def check_training(base: torch.Tensor, rank: int, world: int) -> None:
+    for background in (False, True):
+        def make(bank, r=None, w=None, distributed=None, background=background):
+            return hb.ProximityGraphSampler(bank, B, 100, 10, refresh_every=3, seed=9,
+                                            refresh_lag=1, background=background and r is None,
+                                            distributed=distributed, rank=r, world_size=w)
+
+        bank = hb.EmbeddingBank(N, D, seed=2)
+        sampler = make(bank)
+        assert sampler.distributed and bank.synchronized
+        mine = train_like(base, sampler, bank, epochs=2, rank=rank, world=world)
+        everyone = gather_objects(mine)
+        # Single-process simulation with unsharded graphs: identical batches.
+        sim = simulate_single_process(base, lambda bk, r, w: make(bk, r, w, False), 2, world)
+        assert everyone == sim, f"background={background}: DDP run != single-process run"
+        assert sampler.refreshes == 5  # steps 0, 3, ..., 12 (15 is scheduled, used at 16)
+        tables = gather_objects(bank.embeddings)
+        assert all(torch.equal(t, tables[0]) for t in tables)
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)  # the same embeddings on every rank
+    x = rng.standard_normal((N, D)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    check_gather(rank, world)
+    check_graphs(x)
+    check_bank(rank, world)
+    check_plans(x, rank, world)
+    check_training(torch.from_numpy(x), rank, world)
+    dist.barrier()
+    print(f"RANK {rank} OK", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception:  # noqa: BLE001 - report any failure, then exit without hanging
+        import traceback
+
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)  # do not leave the other rank waiting in a collective

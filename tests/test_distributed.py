@@ -1,0 +1,59 @@
+"""torch.distributed: a real 2-process torchrun run on gloo (CPU), and the single-process no-ops."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import unit_rows
+
+import hardbatch as hb
+import hardbatch.distributed as hbdist
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or
+                    not torch.distributed.is_gloo_available(),
+                    reason="torch.distributed with gloo is not available")
+def test_torchrun_two_ranks_gloo():
+    """Identical plans, distinct batches per step, sharded graphs == single-process graphs,
+    synchronised banks, and a DDP-style run (foreground and background builds) equal to a
+    single-process simulation: see tests/distributed_worker.py."""
+    torchrun = shutil.which("torchrun")
+    cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
+        "--standalone", "--nproc_per_node=2", str(WORKER)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "RANK 0 OK" in out and "RANK 1 OK" in out, out[-6000:]
+
+
+def test_single_process_functions_are_plain_calls(rng):
+    assert not hbdist.is_distributed() and hbdist.get_rank_world() == (0, 1)
+    t = torch.arange(6).reshape(3, 2)
+    assert hbdist.all_gather_rows(t) is t
+    x = unit_rows(rng, 300, 8)
+    assert torch.equal(hbdist.proximity_graph(x, 50, 5, seed=2), hb.proximity_graph(x, 50, 5, seed=2))
+    assert torch.equal(hbdist.knn_graph(x, 5), hb.knn_graph(x, 5))
+    idx, emb = hbdist.sync_bank_update(torch.tensor([1, 2]), torch.ones(2, 8))
+    assert idx.tolist() == [1, 2] and emb.shape == (2, 8)
+
+
+def test_bank_and_sampler_not_distributed_without_init(rng):
+    bank = hb.EmbeddingBank(100, 4, sync=True)
+    assert not bank.synchronized  # nothing to synchronise in one process
+    bank.update([1, 2], torch.ones(2, 4))
+    assert bank.step == 1
+    s = hb.ProximityGraphSampler(unit_rows(rng, 300, 8), 16, 50, 5, rank=1, world_size=2)
+    assert not s.distributed
+    with pytest.raises(ValueError, match="distributed=True needs torch.distributed"):
+        hb.ProximityGraphSampler(unit_rows(rng, 300, 8), 16, 50, 5, distributed=True)
+    with pytest.raises(ValueError, match="sync="):
+        hb.EmbeddingBank(10, 2, sync="yes")

@@ -1,0 +1,200 @@
+"""Throughput options: pipelined/background refresh, device and half-precision paths, faiss kNN."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from conftest import unit_rows
+
+import hardbatch as hb
+from hardbatch.samplers import ProximityGraphSampler
+
+N, D, B = 800, 16, 32
+
+
+def run(sampler, base, epochs=2, stop_after=None):
+    """A training loop feeding the sampler's bank; returns the batches (and stops early if asked)."""
+    bank = sampler.source
+    out, step = [], 0
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for batch in sampler:
+            out.append(batch)
+            idx = torch.tensor(batch)
+            bank.update(idx, base[idx] + 0.5 * torch.cos(idx[:, None] * 0.1 + step
+                                                         + torch.arange(D)).float())
+            step += 1
+            if stop_after is not None and step == stop_after:
+                return out
+    return out
+
+
+def make(background, lag, graph="proximity", **kw):
+    bank = hb.EmbeddingBank(N, D, seed=3)
+    return ProximityGraphSampler(bank, B, 100, 10, graph=graph, refresh_every=4,
+                                 refresh_lag=lag, background=background, seed=1, **kw)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return torch.from_numpy(unit_rows(np.random.default_rng(0), N, D))
+
+
+@pytest.mark.parametrize("graph", ["proximity", "knn"])
+def test_background_equals_synchronous_pipelined_refresh(base, graph):
+    sync = run(make(False, 2, graph), base)
+    bg_sampler = make(True, 2, graph)
+    bg = run(bg_sampler, base)
+    assert bg == sync
+    assert bg_sampler.refreshes == 12  # steps 0, 4, ..., 44 (step 48's graph would be used at 50)
+    assert run(make(False, 0, graph), base) != sync  # the lag changes which graph is used
+
+
+def test_pipelined_refresh_uses_the_snapshot_of_the_refresh_step(base):
+    sampler = make(False, 3)
+    built = {}
+    original = sampler._build
+
+    def spy(x, global_step, group):
+        built[global_step] = x.copy()
+        return original(x, global_step, group)
+
+    sampler._build = spy
+    bank = sampler.source
+    for step, _ in enumerate(run(sampler, base, epochs=1, stop_after=9)):
+        pass
+    # The graph for step 4 was built from the bank as it stood when batch 4 was requested.
+    assert sorted(built) == [0, 4, 8]
+    assert sampler._built_step == 4  # step 8's graph comes into use at step 11
+    assert bank.step == 9
+
+
+def test_background_build_runs_in_a_worker_thread(base):
+    sampler = make(True, 1)
+    threads = []
+    original = sampler._rebuild
+
+    def spy(x, seed, group):
+        threads.append(threading.current_thread().name)
+        return original(x, seed, group)
+
+    sampler._rebuild = spy
+    run(sampler, base, epochs=1)
+    assert threads[0] == threading.current_thread().name  # step 0: nothing to overlap with
+    assert all(name.startswith("hardbatch-refresh") for name in threads[1:]) and len(threads) > 3
+
+
+def test_background_resume_with_a_pending_build(base):
+    full = run(make(True, 3), base, epochs=2)
+    first = make(True, 3)
+    head = run(first, base, epochs=2, stop_after=30)  # step 29: step 28's build is pending
+    assert first._next is not None
+    state = first.state_dict()
+    assert "next" in state["generator"]
+    second = make(True, 3)
+    second.source.load_state_dict(first.source.state_dict())
+    second.load_state_dict(state)
+    tail, step = [], 30
+    for epoch in (1,):
+        for batch in second:
+            tail.append(batch)
+            idx = torch.tensor(batch)
+            second.source.update(idx, base[idx] + 0.5 * torch.cos(
+                idx[:, None] * 0.1 + step + torch.arange(D)).float())
+            step += 1
+    assert head + tail == full
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(background=True, refresh_lag=0), "background=True needs refresh_lag >= 1"),
+    (dict(refresh_lag=4), "refresh_lag=4 must be smaller than refresh_every=4"),
+    (dict(refresh_lag=-1), "refresh_lag=-1 must be >= 0"),
+    (dict(precision="fp8"), "precision='fp8' must be"),
+    (dict(device="nodevice"), "device='nodevice' is not a torch device"),
+])
+def test_bad_throughput_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ProximityGraphSampler(hb.EmbeddingBank(N, D), B, 100, 10, refresh_every=4, **kwargs)
+
+
+def test_device_argument_gives_the_same_graph(rng):
+    x = unit_rows(rng, 600, 16)
+    ref = hb.proximity_graph(x, 100, 10, seed=4)
+    assert torch.equal(hb.proximity_graph(x, 100, 10, seed=4, device="cpu"), ref)
+    assert torch.equal(hb.knn_graph(x, 10, device=torch.device("cpu")), hb.knn_graph(x, 10))
+    if torch.cuda.is_available():  # not exercised on the CPU-only CI machine
+        cuda = hb.proximity_graph(x, 100, 10, seed=4, device="cuda")
+        assert (cuda == ref).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_graphs_close_to_fp32(rng, precision):
+    try:
+        torch.ones(2, 2, dtype=torch.bfloat16 if precision == "bf16" else torch.float16) @ \
+            torch.ones(2, 2, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    except RuntimeError:
+        pytest.skip(f"{precision} matmul not supported on this CPU build")
+    x = unit_rows(rng, 1000, 32)
+    for build in (lambda **kw: hb.proximity_graph(x, 200, 20, seed=1, **kw),
+                  lambda **kw: hb.knn_graph(x, 20, **kw)):
+        ref, half = build().numpy(), build(precision=precision).numpy()
+        # Same neighbour sets up to near-ties; neighbour similarity within 0.5%.
+        overlap = np.mean([len(set(a) & set(b)) / 20 for a, b in zip(ref, half)])
+        assert overlap > 0.9
+        sim = lambda g: np.einsum("nd,nkd->nk", x, x[g]).mean()
+        assert abs(sim(half) / sim(ref) - 1) < 0.005
+
+
+@pytest.mark.parametrize("method", ["faiss", "faiss-ivf"])
+def test_faiss_knn_graph(rng, method):
+    pytest.importorskip("faiss")
+    x = unit_rows(rng, 2000, 16)
+    ref = hb.knn_graph(x, 10).numpy()
+    got = hb.knn_graph(x, 10, method=method, nlist=16, nprobe=8).numpy()
+    assert got.shape == ref.shape and (got != np.arange(2000)[:, None]).all()
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ref, got)])
+    assert recall > (0.999 if method == "faiss" else 0.9)
+
+
+def test_gcbs_device_and_precision(rng):
+    x = unit_rows(rng, 500, 16)
+    ref = hb.gcbs_permutation(x, 0.99, seed=2)
+    assert torch.equal(hb.gcbs_permutation(x, 0.99, seed=2, device="cpu"), ref)
+    half = hb.gcbs_permutation(x, 0.99, seed=2, precision="bf16")
+    assert sorted(half.tolist()) == list(range(500))
+
+
+def test_samplers_accept_device_and_precision(rng):
+    x = unit_rows(rng, 400, 16)
+    ref = list(ProximityGraphSampler(x, 16, 60, 8, refresh_every=None, seed=2))
+    assert list(ProximityGraphSampler(x, 16, 60, 8, refresh_every=None, seed=2,
+                                      device="cpu")) == ref
+    half = list(ProximityGraphSampler(x, 16, 60, 8, refresh_every=None, seed=2, precision="bf16"))
+    assert len(half) == len(ref) and all(len(set(b)) == 16 for b in half)
+    gcbs = hb.GCBSSampler(x, 16, quantile=0.99, device="cpu", precision="bf16")
+    assert sorted(i for b in gcbs for i in b) == list(range(400))
+    knn = list(hb.KNNBatchSampler(x, 16, refresh_every=None, device="cpu"))
+    assert knn == list(hb.KNNBatchSampler(x, 16, refresh_every=None))
+
+
+def test_gcbs_partition_method():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from _common import gaussian_mixture
+    from bench_gcbs import batch_top1
+
+    x = gaussian_mixture(6000, 16, components=100)
+    q = 1 - 32 / 6000
+    exact = hb.gcbs_permutation(x, q, method="exact", seed=3)
+    assert torch.equal(hb.gcbs_permutation(x, q, method="partition", partitions=1, seed=3), exact)
+    part = hb.gcbs_permutation(x, q, method="partition", partitions=6, seed=3)
+    assert sorted(part.tolist()) == list(range(6000))
+    assert batch_top1(x, part.numpy(), 64) > 0.97 * batch_top1(x, exact.numpy(), 64)
+    with pytest.raises(ValueError, match="partitions=0 must be >= 1"):
+        hb.gcbs_permutation(x, q, method="partition", partitions=0)
+    sampler = hb.GCBSSampler(x, 64, quantile=q, method="partition", partitions=3)
+    assert sorted(i for b in sampler for i in b) == list(range(6000))
