@@ -100,6 +100,13 @@ class TrainConfig:
             default False: self-supervised, labels only feed the diagnostics.
         device: where the model and batches live (the bank stays on the CPU).
         eval_batch_size: rows per forward pass when embedding for evaluation.
+        amp: mixed precision for the training forward pass: ``"bf16"`` or ``"fp16"``
+            (``torch.autocast`` on ``device``; fp16 adds a ``GradScaler``), None: float32. The
+            loss is computed in float32 on the cast-back embeddings.
+        channels_last: train (and feed 4-d image batches) in ``torch.channels_last`` memory
+            format, the fast layout for convolutions with tensor cores.
+        probe_every_eval: fit the linear probe at every evaluation; False: kNN only at the
+            intermediate ones and the probe at the last (a probe on 50k features is slow on CPU).
     """
 
     epochs: int = 10
@@ -122,8 +129,13 @@ class TrainConfig:
     loss_labels: bool = False
     device: str = "cpu"
     eval_batch_size: int = 1024
+    amp: str | None = None
+    channels_last: bool = False
+    probe_every_eval: bool = True
 
     def __post_init__(self) -> None:
+        if self.amp not in (None, "bf16", "fp16"):
+            raise ValueError(f"amp={self.amp!r} must be None, 'bf16' or 'fp16'")
         for name in ("epochs", "knn_k", "probe_max_iter", "eval_batch_size"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -267,15 +279,17 @@ def linear_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tens
 def evaluate(encoder: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
              test_x: torch.Tensor, test_y: torch.Tensor, *, k: int = 200, temperature: float = 0.1,
              probe_weight_decay: float = 1e-4, probe_max_iter: int = 100,
-             batch_size: int = 1024, device: str | torch.device = "cpu") -> dict:
-    """kNN and linear-probe accuracy of ``encoder``'s frozen features (train -> test)."""
+             batch_size: int = 1024, device: str | torch.device = "cpu",
+             probe: bool = True) -> dict:
+    """kNN and linear-probe accuracy of ``encoder``'s frozen features (train -> test);
+    ``probe=False``: kNN accuracy only."""
     f_train = embed(encoder, train_x, batch_size, device)
     f_test = embed(encoder, test_x, batch_size, device)
-    return {
-        "knn_accuracy": knn_accuracy(f_train, train_y, f_test, test_y, k, temperature),
-        "linear_probe_accuracy": linear_probe_accuracy(f_train, train_y, f_test, test_y,
-                                                       probe_weight_decay, probe_max_iter),
-    }
+    out = {"knn_accuracy": knn_accuracy(f_train, train_y, f_test, test_y, k, temperature)}
+    if probe:
+        out["linear_probe_accuracy"] = linear_probe_accuracy(
+            f_train, train_y, f_test, test_y, probe_weight_decay, probe_max_iter)
+    return out
 
 
 # --------------------------------------------------------------------------- trainer
@@ -344,6 +358,10 @@ class Trainer:
         self.encoder = encoder.to(self.device)
         self.head = head.to(self.device) if head is not None else None
         self.model = nn.Sequential(self.encoder, self.head) if self.head is not None else self.encoder
+        if config.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[config.amp]
+        self.scaler = (torch.amp.GradScaler(self.device.type) if config.amp == "fp16" else None)
         self.loss = loss
         self.augment = augment or _identity
 
@@ -441,7 +459,13 @@ class Trainer:
     def _forward_loss(self, idx: torch.Tensor, x: torch.Tensor):
         v1 = self.augment(x, self.generator)
         v2 = self.augment(x, self.generator)
-        z = self.model(torch.cat([v1, v2]))
+        views = torch.cat([v1, v2])
+        if self.config.channels_last and views.ndim == 4:
+            views = views.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(self.device.type, dtype=self.amp_dtype,
+                            enabled=self.amp_dtype is not None):
+            z = self.model(views)
+        z = z.float()
         z1, z2 = z[:len(idx)], z[len(idx):]
         if self.config.loss_labels and self.labels is not None:
             loss = self.loss(z1, z2, labels=self.labels[idx].to(self.device))
@@ -465,8 +489,13 @@ class Trainer:
             raise FloatingPointError(f"loss is {float(loss)} at step {self.global_step}; lower "
                                      "the learning rate or raise the temperature")
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+        if self.scaler is not None:  # fp16: scaled backward, skipped steps on overflow
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
         z1 = z1.detach()
         self.bank.update(idx, z1)
         step_seconds = time.perf_counter() - t0
@@ -483,15 +512,15 @@ class Trainer:
         return record
 
     # -- evaluation ----------------------------------------------------
-    def evaluate(self) -> dict:
-        """kNN and linear-probe accuracy now ({} without labels)."""
+    def evaluate(self, probe: bool = True) -> dict:
+        """kNN and (with ``probe``) linear-probe accuracy now ({} without labels)."""
         if self.eval_data is None:
             return {}
         t0 = time.perf_counter()
         c = self.config
         out = evaluate(self.encoder, *self.eval_data, k=c.knn_k, temperature=c.knn_temperature,
                        probe_weight_decay=c.probe_weight_decay, probe_max_iter=c.probe_max_iter,
-                       batch_size=c.eval_batch_size, device=self.device)
+                       batch_size=c.eval_batch_size, device=self.device, probe=probe)
         return {"kind": "eval", "step": self.global_step, "epoch": self.epoch, **out,
                 "seconds": time.perf_counter() - t0}
 
@@ -512,6 +541,7 @@ class Trainer:
             "history": list(self.history),
             "evals": list(self.evals),
             "epoch_batches": list(self.epoch_batches),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": (torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None),
@@ -550,6 +580,8 @@ class Trainer:
         self.history = list(state["history"])
         self.evals = list(state["evals"])
         self.epoch_batches = [list(b) for b in state["epoch_batches"]]
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
         rng = state["rng"]
         torch.set_rng_state(rng["torch"])
         if rng.get("cuda") is not None and torch.cuda.is_available():
@@ -673,7 +705,7 @@ class Trainer:
                         bar.update(1)
                         bar.set_postfix(loss=f"{record['loss']:.3f}", epoch=self.epoch)
                     if c.eval_every and self.global_step % c.eval_every == 0:
-                        self._record_eval()
+                        self._record_eval(final=self.global_step >= self.total_steps)
                     self._maybe_checkpoint()
                 if stopped:
                     break
@@ -681,9 +713,12 @@ class Trainer:
                 self._maybe_checkpoint(force=True)
             if stopped:
                 self._maybe_checkpoint(force=True)
-            if self.eval_data is not None and (not self.evals or
-                                               self.evals[-1]["step"] != self.global_step):
-                self._record_eval()
+            if self.eval_data is not None and (
+                    not self.evals or self.evals[-1]["step"] != self.global_step
+                    or "linear_probe_accuracy" not in self.evals[-1]):
+                if self.evals and self.evals[-1]["step"] == self.global_step:
+                    self.evals.pop()  # the kNN-only evaluation at this step: redo with the probe
+                self._record_eval(final=True)
         finally:
             if bar is not None:
                 bar.close()
@@ -692,8 +727,8 @@ class Trainer:
                 self._log_file = None
         return self.result(stopped_early=stopped and self.global_step < c.epochs * steps_per_epoch)
 
-    def _record_eval(self) -> None:
-        record = self.evaluate()
+    def _record_eval(self, final: bool = False) -> None:
+        record = self.evaluate(probe=final or self.config.probe_every_eval)
         if record:
             self.evals.append(record)
             self._log(record)

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Build docs/results/vision.md (and figures) from the SimCLR run JSONs of `hardbatch bench simclr`.
+
+    python scripts/report_vision.py [--results results/vision] [--out docs/results/vision.md]
+
+Everything in the report comes from the JSON files (one per finished run); runs with the default
+configuration (no ``tag``) enter the tables, tagged runs (overrides such as ``--epochs 1``) are
+listed separately. Rows without a finished run are shown as missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLERS = ["uniform", "knn", "proximity", "gcbs"]
+LOSSES = ["infonce", "debiased", "hard_negative", "sscl"]
+SAMPLER_NAME = {"uniform": "uniform", "knn": "kNN sampler", "proximity": "proximity graph (RWR)",
+                "gcbs": "GCBS"}
+LOSS_NAME = {"infonce": "InfoNCE", "debiased": "DebiasedInfoNCE", "hard_negative":
+             "HardNegativeInfoNCE", "sscl": "SSCLLoss"}
+MAIN_ROWS = [("uniform", "infonce"), ("proximity", "infonce"), ("uniform", "sscl"),
+             ("knn", "infonce"), ("gcbs", "infonce")]
+OTHER_ROWS = [("proximity", "sscl"), ("uniform", "debiased"), ("uniform", "hard_negative"),
+              ("proximity", "debiased"), ("proximity", "hard_negative")]
+PLANNED_SEEDS = 3
+
+PAPERS = """## The papers' numbers (context, not comparable settings)
+
+| paper | setting | baseline | with the method |
+|---|---|---:|---:|
+| BatchSampler (Yang et al., KDD 2023), Table 1 | SimCLR, CIFAR-10, ResNet-50, 1000 epochs, linear eval | 92.13 (SimCLR) | 92.54 (+ BatchSampler) |
+| GCBS (Sachidananda et al.) | SimCLR, CIFAR-10, kNN accuracy | 87.5 (uniform) | 89.8 (GCBS) |
+| SSCL (Dong et al.), Table 1 | CIFAR-10, ResNet-18, 200 epochs, linear eval | 82.35 (SimCLR) | 86.20 (SSCL) |
+
+Ours are short CPU runs of a compact ConvNet (setup below): the absolute accuracies are far
+below these, and only the differences between rows at equal steps are of interest.
+"""
+
+SETUP = """## Setup (what the numbers are)
+
+- Command per run: `hardbatch bench simclr --dataset cifar10 --sampler S --loss L --seed-list K
+  --out results/vision` (the same as `python -m hardbatch.recipes.simclr ...`); the grid:
+  `nohup scripts/vision_grid.sh > results/vision/grid.log 2>&1 &` (resumable: finished JSONs are
+  skipped, a killed run resumes from its per-epoch checkpoint). The exact command, machine, torch
+  version and wall time of every run are in its JSON and in the per-run table below.
+- Training (`hardbatch.train.Trainer`): SimCLR, two views per image made by
+  `hardbatch.vision.cifar_augment()` (random resized crop scale 0.2-1, aspect 3/4-4/3, flip 0.5,
+  colour jitter 0.4/0.4/0.4/0.1 with p 0.8, grayscale 0.2) as batched tensor ops on the batch's
+  device; one forward pass over both views; projection head Linear-BN-ReLU-Linear to 128 d;
+  temperature 0.5, batch 256, Adam lr 1e-3 (weight decay 1e-6), one torch thread.
+- Default CPU setting: the compact `ConvNet` (4 stages conv3x3-BN-ReLU 32/64/128/256, max pools,
+  global average pool, 256-d features), a fixed class-balanced subset of 10,000 CIFAR-10 training
+  images (the same for every run), 10 epochs = 400 steps for every row. `--train-size 0 --epochs
+  14` (2,744 steps over all 50,000 images) is the "about one hour per run" setting; with CUDA the
+  recipe picks ResNet-18 (CIFAR stem), bf16 autocast and channels_last.
+- Samplers read an `EmbeddingBank` of the anchor view's projections from the training forward
+  pass, filled once from the untrained network before training (`--bank-init encode`). kNN
+  sampler and proximity graph (M 500, K 100, RWR alpha 0.2 -> 0.05 over training) rebuild every
+  t = 100 steps; GCBS re-orders every epoch with quantile 1 - 2B/(N-1).
+- Losses: InfoNCE (SimCLR / NT-Xent form), DebiasedInfoNCE (tau+ 0.1), HardNegativeInfoNCE
+  (tau+ 0.1, beta 1), SSCLLoss (beta 1.0, tau+ 0.1, s 32 hardest, k 8 synthetic).
+- Evaluation on the frozen 256-d encoder features (before the head): weighted kNN (k 200, t 0.1)
+  every 2 epochs (and before training, step 0), train features = the 10,000 training images,
+  queries = the 10,000 CIFAR-10 test images; linear probe (logistic regression, L-BFGS,
+  standardised features) at the end.
+- Diagnostics (labels are used for these only): false-negative rate = share of same-class pairs
+  in a batch (uniform: about 0.1 for 10 balanced classes), hardness = mean top-1 in-batch cosine
+  of the anchor projections, per step; coverage = share of training images drawn in the last
+  epoch; sampler share = time handing over batches (walks, graph rebuilds, GCBS orders) over
+  step time (which includes the augmentations); images/s = training images (2 views each) per
+  second of step time.
+- "Beyond seed noise": the difference of the means exceeds twice its standard error
+  `sqrt(s1^2/n1 + s2^2/n2)` (needs >= 2 seeds on both rows).
+- The GPU path (device, channels_last, bf16/fp16 autocast, augmentations on the GPU) is written
+  and tested on the CPU only (`device="cpu"`); it has not been benchmarked: no GPU was
+  available for this work. On a GPU machine, `hardbatch bench simclr --dataset cifar10
+  --sampler all --train-size 0 --max-steps 300 --tag gpu-speed --out results/vision` gives
+  images/s and the sampler share of step time per sampler (ResNet-18, bf16, channels_last
+  picked automatically); they land in the "runs with overrides" table below. Evaluation
+  embeddings are computed in float32 (no autocast).
+"""
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def load(results: Path) -> list[dict]:
+    runs = []
+    for f in sorted(results.glob("*.json")):
+        if f.name.startswith("."):
+            continue
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if "knn_accuracy" in rec and "sampler" in rec:
+            rec["_file"] = f.name
+            runs.append(rec)
+    return runs
+
+
+def _ms(values: list[float], scale: float = 100.0, digits: int = 2) -> str:
+    if not values:
+        return "—"
+    m = statistics.fmean(values) * scale
+    if len(values) == 1:
+        return f"{m:.{digits}f}"
+    return f"{m:.{digits}f} ± {statistics.stdev(values) * scale:.{digits}f}"
+
+
+def _mean(values, fmt="{:.3f}") -> str:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return fmt.format(statistics.fmean(values)) if values else "—"
+
+
+def _delta(a: list[float], b: list[float]) -> str:
+    """Mean difference a - b (points) and whether it exceeds 2 standard errors."""
+    if not a or not b:
+        return "—"
+    d = (statistics.fmean(a) - statistics.fmean(b)) * 100
+    if len(a) < 2 or len(b) < 2:
+        return f"{d:+.2f} (1 seed)"
+    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) * 100
+    verdict = "beyond noise" if abs(d) > 2 * se else "within noise"
+    return f"{d:+.2f} ± {se:.2f} ({verdict})"
+
+
+def table(runs: list[dict], rows: list[tuple[str, str]]) -> list[str]:
+    by = defaultdict(list)
+    for r in runs:
+        by[(r["sampler"], r["loss"])].append(r)
+    base = [r["knn_accuracy"] for r in by[("uniform", "infonce")]]
+    base_lin = [r["linear_probe_accuracy"] for r in by[("uniform", "infonce")]]
+    out = ["| sampler | loss | seeds | kNN acc | Δ kNN vs uniform/InfoNCE | linear acc | "
+           "Δ linear | false-neg rate | last-epoch FN rate | hardness | coverage | images/s | "
+           "sampler / step | wall / run |",
+           "|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for s, l in rows:
+        rs = sorted(by[(s, l)], key=lambda r: r["seed"])
+        knn = [r["knn_accuracy"] for r in rs]
+        lin = [r["linear_probe_accuracy"] for r in rs]
+        is_base = (s, l) == ("uniform", "infonce")
+        out.append(
+            f"| {SAMPLER_NAME[s]} | {LOSS_NAME[l]} | {len(rs)}/{PLANNED_SEEDS} | {_ms(knn)} | "
+            f"{'(baseline)' if is_base else _delta(knn, base)} | {_ms(lin)} | "
+            f"{'(baseline)' if is_base else _delta(lin, base_lin)} | "
+            f"{_mean([r['mean_false_negative_rate'] for r in rs])} | "
+            f"{_mean([r['last_epoch_false_negative_rate'] for r in rs])} | "
+            f"{_mean([r['mean_hardness'] for r in rs])} | "
+            f"{_mean([r['last_epoch_coverage'] for r in rs])} | "
+            f"{_mean([r['images_per_second'] for r in rs], '{:.0f}')} | "
+            f"{_mean([100 * r['sampler_share'] for r in rs], '{:.1f}%')} | "
+            f"{_mean([r['wall_time_s'] / 60 for r in rs], '{:.1f} min')} |")
+    return out
+
+
+def per_run(runs: list[dict]) -> list[str]:
+    out = ["| file | seed | steps | kNN acc | linear acc | FN rate | images/s | wall | machine | "
+           "finished | command |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    for r in sorted(runs, key=lambda r: r["_file"]):
+        env = r.get("env", {})
+        machine = f"{env.get('host', '?')} ({env.get('cpus', '?')} CPUs, torch {env.get('torch', '?')}" \
+                  f"{', ' + env['cuda'] if env.get('cuda') else ''})"
+        out.append(f"| {r['_file']} | {r['seed']} | {r['steps']} | {100 * r['knn_accuracy']:.2f} | "
+                   f"{100 * r['linear_probe_accuracy']:.2f} | "
+                   f"{r['mean_false_negative_rate']:.3f} | {r['images_per_second']:.0f} | "
+                   f"{r['wall_time_s'] / 60:.1f} min | {machine} | {env.get('finished', '?')} | "
+                   f"`{r.get('command', '')}` |")
+    return out
+
+
+def figure(runs: list[dict], path: Path, dataset: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:
+        return False
+    if not runs:
+        return False
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    by = defaultdict(list)
+    for r in runs:
+        by[(r["sampler"], r["loss"])].append(r)
+    for (s, l), rs in sorted(by.items()):
+        steps = sorted({e["step"] for r in rs for e in r["evals"]})
+        means = []
+        for st in steps:
+            vals = [e["knn_accuracy"] for r in rs for e in r["evals"] if e["step"] == st]
+            means.append(100 * statistics.fmean(vals))
+        ax1.plot(steps, means, marker="o", label=f"{SAMPLER_NAME[s]} / {LOSS_NAME[l]} "
+                                                 f"({len(rs)} seed{'s' if len(rs) > 1 else ''})")
+    ax1.set_xlabel("training step")
+    ax1.set_ylabel("kNN accuracy (%), mean over seeds")
+    ax1.set_title(f"SimCLR {dataset}: kNN accuracy over training")
+    ax1.legend(fontsize=7)
+    by_sampler = defaultdict(list)
+    for r in runs:
+        if r["loss"] == "infonce":
+            by_sampler[r["sampler"]].append(np.asarray(r["trace"]["false_negative_rate"], float))
+    for s, traces in sorted(by_sampler.items()):
+        n = min(len(t) for t in traces)
+        mean = np.nanmean(np.stack([t[:n] for t in traces]), 0)
+        w = 10
+        smooth = np.convolve(mean, np.ones(w) / w, mode="valid") if n >= w else mean
+        ax2.plot(np.arange(len(smooth)) + (w if n >= w else 1), smooth, label=SAMPLER_NAME[s])
+    ax2.set_xlabel("training step")
+    ax2.set_ylabel("false-negative rate (moving mean of 10 steps)")
+    ax2.set_title("false negatives per batch (InfoNCE runs; BatchSampler Fig. 4)")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=str(REPO / "results" / "vision"))
+    ap.add_argument("--out", default=str(REPO / "docs" / "results" / "vision.md"))
+    args = ap.parse_args()
+    runs = load(Path(args.results))
+    out = Path(args.out)
+    lines = ["# SimCLR on CIFAR-10 / MNIST: samplers and losses (issue 7)", "",
+             f"Generated by `scripts/report_vision.py` from `{_rel(Path(args.results))}/*.json` on "
+             f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC ({len(runs)} finished runs). Do not edit by "
+             "hand; rerun the script.", "",
+             "Accuracies in %, mean ± std over seeds; `k/3`: seeds finished of the 3 planned. "
+             "`—`: no finished run yet.", ""]
+    datasets = sorted({r["dataset"] for r in runs}) or ["cifar10"]
+    tagged = [r for r in runs if r.get("tag")]
+    for ds in datasets:
+        rs = [r for r in runs if r["dataset"] == ds and not r.get("tag")]
+        steps = sorted({r["steps"] for r in rs})
+        lines += [f"## {ds}: main rows (same {', '.join(map(str, steps)) or '?'} steps per run)",
+                  ""] + table(rs, MAIN_ROWS) + ["", "### Other loss rows", ""]
+        lines += table(rs, OTHER_ROWS) + [""]
+        fig = out.parent / "figures" / f"vision_{ds}.png"
+        if figure(rs, fig, ds):
+            lines += [f"![kNN accuracy over training and false-negative rate per sampler]"
+                      f"(figures/{fig.name})", "",
+                      "Left: kNN accuracy (k 200, t 0.1) on the test set over training, per row "
+                      "(mean over finished seeds). Right: false-negative rate of the training "
+                      "batches per sampler (InfoNCE runs), moving mean of 10 steps.", ""]
+    lines += PAPERS.splitlines() + [""] + SETUP.splitlines() + [""]
+    lines += ["## Every finished run", ""] + per_run([r for r in runs if not r.get("tag")]) + [""]
+    if tagged:
+        lines += ["## Runs with overrides (tagged; not in the tables)", ""] + per_run(tagged)
+        lines += [""]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
+    print(f"wrote {out} ({len(runs)} runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
