@@ -83,7 +83,7 @@ def test_demo_options(capsys, tmp_path):
     (["demo", "--candidates", "5000"], "must be smaller than the"),
     (["demo", "--restart", "0.2", "2"], "expected a number in [0, 1]"),
     (["demo", "--temperature", "-1"], "expected a positive number"),
-    (["bench", "simclr"], "invalid choice"),  # not built yet: only graphcl
+    (["bench", "simclr"], "required: --dataset"),
 ])
 def test_demo_errors_exit_2_without_traceback(capsys, argv, message):
     try:

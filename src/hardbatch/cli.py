@@ -7,8 +7,8 @@
     hardbatch inspect emb.npy --labels labels.npy
 
 Subcommands register themselves on the ``argparse`` subparsers in :func:`build_parser`
-(``bench`` and ``eval`` are planned). Bad options or inputs exit with code 2 and a one-line
-message on stderr, never a traceback.
+(``bench graphcl``, ``bench simcse``, ``eval sts``). Bad options or inputs exit with code 2
+and a one-line message on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -180,6 +180,19 @@ def build_parser() -> argparse.ArgumentParser:
     from .recipes.graphcl import add_graphcl_parser
 
     add_graphcl_parser(bench_sub)
+    from .recipes.simcse import add_simcse_parser
+
+    add_simcse_parser(bench_sub)
+    from .recipes.simclr import add_simclr_parser
+
+    add_simclr_parser(bench_sub)
+    evaluate = subparsers.add_parser("eval", help="evaluate trained encoders on real benchmarks",
+                                     description="Evaluate trained encoders (STS for sentence "
+                                                 "encoders).")
+    eval_sub = evaluate.add_subparsers(dest="evaluation", metavar="EVALUATION")
+    from .text_eval import add_sts_parser
+
+    add_sts_parser(eval_sub)
     return parser
 
 

@@ -30,28 +30,40 @@ sentence-transformers is never imported here (the sampler only calls ``model.enc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from ..samplers import GCBSSampler, KNNBatchSampler, ProximityGraphSampler
+from ..samplers import GCBSSampler, KNNBatchSampler, ProximityGraphSampler, UniformBatchSampler
 
-__all__ = ["HardNegativeBatchSampler", "TextEmbeddingSource", "hard_negative_batch_sampler"]
+__all__ = [
+    "HardNegativeBatchSampler",
+    "HardNegativeBatchSamplerFactory",
+    "TextEmbeddingSource",
+    "hard_negative_batch_sampler",
+]
 
-_SAMPLERS = ("proximity", "knn", "gcbs")
+_SAMPLERS = ("proximity", "knn", "gcbs", "uniform", "default")
 
 
 class TextEmbeddingSource:
     """A callable embedding source: the current model's unit-norm embeddings of ``texts``.
 
     ``source()`` returns a float32 CPU tensor ``[N, d]``; ``calls`` counts the encoding passes.
+    ``initial`` (``[N, d]`` tensor or array, e.g. the starting model's embeddings computed once
+    and cached) is returned by the first call instead of encoding; later calls encode.
     """
 
     def __init__(
-        self, model, texts: Sequence[str], batch_size: int = 64, show_progress_bar: bool = False
+        self,
+        model,
+        texts: Sequence[str],
+        batch_size: int = 64,
+        show_progress_bar: bool = False,
+        initial=None,
     ) -> None:
         if not hasattr(model, "encode"):
             raise ValueError("model must have an encode() method (a SentenceTransformer)")
@@ -60,11 +72,15 @@ class TextEmbeddingSource:
         self.batch_size = int(batch_size)
         self.show_progress_bar = show_progress_bar
         self.calls = 0
+        self.initial = None if initial is None else _initial_embeddings(initial, len(self.texts))
 
     def __len__(self) -> int:
         return len(self.texts)
 
     def __call__(self) -> torch.Tensor:
+        if self.initial is not None:  # precomputed embeddings stand in for the first pass
+            out, self.initial = self.initial, None
+            return out
         was_training = getattr(self.model, "training", False)
         try:
             with torch.no_grad():
@@ -80,6 +96,17 @@ class TextEmbeddingSource:
                 self.model.train(was_training)
         self.calls += 1
         return torch.as_tensor(emb).detach().float().cpu()
+
+
+def _initial_embeddings(initial, n: int) -> torch.Tensor:
+    x = torch.as_tensor(np.asarray(initial) if not isinstance(initial, torch.Tensor) else initial)
+    if x.ndim != 2 or x.shape[0] != n:
+        raise ValueError(
+            f"embeddings has shape {tuple(x.shape)}; expected [N, d] with N = {n}, one row per "
+            "text of the dataset's text column, in dataset order"
+        )
+    x = x.detach().float().cpu()
+    return x / x.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
 def _text_column(dataset, text_column: str | None) -> list[str]:
@@ -119,10 +146,18 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
         seed: the sampler's seed (sentence-transformers passes ``args.seed``).
         model: the ``SentenceTransformer`` being trained (its ``encode`` embeds the texts).
         sampler: ``"proximity"`` (BatchSampler: proximity graph + random walk with restart),
-            ``"knn"`` (anchor plus nearest neighbours) or ``"gcbs"``.
+            ``"knn"`` (anchor plus nearest neighbours), ``"gcbs"``, ``"uniform"`` (hardbatch's
+            :class:`~hardbatch.UniformBatchSampler`, no encoding) or ``"default"``
+            (sentence-transformers' own ``NoDuplicatesBatchSampler``, the baseline its SimCSE
+            recipe uses: random batches without repeated texts; no encoding).
         text_column: the column to embed (default: the dataset's first column).
-        refresh_every: steps between re-embedding + graph rebuilds (proximity, knn).
+        refresh_every: steps between re-embedding + graph rebuilds (proximity, knn); ``None``:
+            embed once when the sampler is built and never again (all graph samplers: GCBS
+            then keeps its first ordering instead of re-embedding every epoch).
         encode_batch_size: batch size of ``model.encode``.
+        embeddings: optional ``[N, d]`` embeddings of the text column (dataset order), e.g. the
+            starting model's, computed once and cached: used for the first build instead of an
+            encoding pass (rows are L2-normalised here). Later refreshes encode with the model.
         candidates, neighbors, restart: proximity-graph M, K and RWR restart probability;
             defaults follow BatchSampler's advice for pre-trained language models (alpha 0.7,
             K up to 500, M up to 1000), capped to fit small datasets (M < N/2, K < M/2).
@@ -147,6 +182,7 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
         text_column: str | None = None,
         refresh_every: int | None = 100,
         encode_batch_size: int = 64,
+        embeddings=None,
         candidates: int | None = None,
         neighbors: int | None = None,
         restart=0.7,
@@ -162,15 +198,33 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
         self.generator = generator
         self.seed = int(seed or 0)
         self.epoch = 0
+        self.kind = sampler
         texts = _text_column(dataset, text_column)
         n = len(texts)
-        self.source = TextEmbeddingSource(model, texts, encode_batch_size, show_progress_bar)
+        self.source = TextEmbeddingSource(
+            model, texts, encode_batch_size, show_progress_bar, initial=embeddings
+        )
         common = {"drop_last": self.drop_last, "seed": self.seed, "rank": 0, "world_size": 1}
+        if sampler in ("uniform", "default"):
+            if sampler_kwargs:
+                raise ValueError(
+                    f"options {sorted(sampler_kwargs)} do not apply to sampler={sampler!r}"
+                )
+            if sampler == "uniform":
+                self.hard_sampler = UniformBatchSampler(n, self.batch_size, **common)
+            else:
+                self.hard_sampler = _no_duplicates_sampler(
+                    dataset, self.batch_size, self.drop_last, valid_label_columns, generator,
+                    self.seed,
+                )
+            return
+        # refresh_every=None: read the source once, as a fixed [N, d] table
+        source = self.source() if refresh_every is None else self.source
         if sampler == "proximity":
             m = candidates if candidates is not None else max(2, min(1000, n // 2))
             k = neighbors if neighbors is not None else max(1, min(500, m // 2))
             self.hard_sampler = ProximityGraphSampler(
-                self.source,
+                source,
                 self.batch_size,
                 candidates=m,
                 neighbors=k,
@@ -181,17 +235,14 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
             )
         elif sampler == "knn":
             self.hard_sampler = KNNBatchSampler(
-                self.source,
+                source,
                 self.batch_size,
                 refresh_every=refresh_every,
                 **common,
                 **sampler_kwargs,
             )
         else:
-            self.hard_sampler = GCBSSampler(
-                self.source, self.batch_size, **common, **sampler_kwargs
-            )
-        self.kind = sampler
+            self.hard_sampler = GCBSSampler(source, self.batch_size, **common, **sampler_kwargs)
 
     def __iter__(self):
         yield from self.hard_sampler
@@ -234,31 +285,58 @@ def hard_negative_batch_sampler(
     refresh_every: int | None = 100,
     encode_batch_size: int = 64,
     **kwargs: Any,
-) -> Callable[..., Sampler]:
+) -> HardNegativeBatchSamplerFactory:
     """A ``batch_sampler`` for ``SentenceTransformerTrainingArguments``.
 
     Args:
         model: the ``SentenceTransformer`` being trained.
-        sampler: ``"proximity"`` (default), ``"knn"`` or ``"gcbs"``.
+        sampler: ``"proximity"`` (default), ``"knn"``, ``"gcbs"``, ``"uniform"`` or
+            ``"default"`` (sentence-transformers' ``NoDuplicatesBatchSampler``, for baselines).
         train_dataset: if given, only this dataset (same texts) gets hard-negative batches; any
             other dataset (the evaluation set) gets plain sequential batches. By default every
             dataset the trainer builds a loader for is hard-batched.
         text_column, refresh_every, encode_batch_size, **kwargs: see
-            :class:`HardNegativeBatchSampler` (``candidates``, ``neighbors``, ``restart``,
-            ``quantile`` for GCBS, ...).
+            :class:`HardNegativeBatchSampler` (``embeddings``, ``candidates``, ``neighbors``,
+            ``restart``, ``quantile`` for GCBS, ...).
 
     Returns:
         ``make(dataset, batch_size, drop_last, valid_label_columns=None, generator=None, seed=0)``
         returning a :class:`HardNegativeBatchSampler`; ``make.samplers`` lists the samplers
-        built so far (the last one is the training sampler once training started).
+        built so far (the last one is the training sampler once training started). ``make`` is
+        a picklable :class:`HardNegativeBatchSamplerFactory`, so checkpoints can be saved.
     """
     if sampler not in _SAMPLERS:
         raise ValueError(f"sampler={sampler!r} must be one of {', '.join(_SAMPLERS)}")
     if not hasattr(model, "encode"):
         raise ValueError("model must be the SentenceTransformer being trained (with encode())")
-    built: list[Sampler] = []
+    return HardNegativeBatchSamplerFactory(
+        model, sampler, train_dataset, text_column, refresh_every, encode_batch_size, kwargs
+    )
 
-    def make(
+
+class HardNegativeBatchSamplerFactory:
+    """The callable returned by :func:`hard_negative_batch_sampler` (build it through that).
+
+    A class rather than a closure so that ``SentenceTransformerTrainingArguments`` holding it can
+    be pickled: the trainer saves its arguments with every checkpoint (``torch.save(args)``).
+    Pickling keeps the configuration only (sampler kind and options, not the model, datasets,
+    precomputed embeddings or built samplers); a restored factory cannot build samplers and says
+    so when called.
+    """
+
+    def __init__(self, model, sampler, train_dataset, text_column, refresh_every,
+                 encode_batch_size, kwargs) -> None:
+        self.model = model
+        self.sampler = sampler
+        self.train_dataset = train_dataset
+        self.text_column = text_column
+        self.refresh_every = refresh_every
+        self.encode_batch_size = encode_batch_size
+        self.kwargs = dict(kwargs)
+        self.samplers: list[Sampler] = []
+
+    def __call__(
+        self,
         dataset,
         batch_size: int,
         drop_last: bool = False,
@@ -266,7 +344,15 @@ def hard_negative_batch_sampler(
         generator: torch.Generator | None = None,
         seed: int = 0,
     ):
-        if train_dataset is not None and not _same_texts(dataset, train_dataset, text_column):
+        if self.model is None:
+            raise ValueError(
+                "this batch-sampler factory was restored from a pickle (a checkpoint's training "
+                "arguments) without its model; build a new one with "
+                "hard_negative_batch_sampler(model, ...)"
+            )
+        if self.train_dataset is not None and not _same_texts(
+            dataset, self.train_dataset, self.text_column
+        ):
             out = _SequentialBatches(len(dataset), batch_size, drop_last)
         else:
             out = HardNegativeBatchSampler(
@@ -276,18 +362,38 @@ def hard_negative_batch_sampler(
                 valid_label_columns,
                 generator,
                 seed,
-                model=model,
-                sampler=sampler,
-                text_column=text_column,
-                refresh_every=refresh_every,
-                encode_batch_size=encode_batch_size,
-                **kwargs,
+                model=self.model,
+                sampler=self.sampler,
+                text_column=self.text_column,
+                refresh_every=self.refresh_every,
+                encode_batch_size=self.encode_batch_size,
+                **self.kwargs,
             )
-        built.append(out)
+        self.samplers.append(out)
         return out
 
-    make.samplers = built
-    return make
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(model=None, train_dataset=None, samplers=[])
+        state["kwargs"] = {k: v for k, v in self.kwargs.items() if k != "embeddings"}
+        return state
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items() if k != "embeddings")
+        return (f"hard_negative_batch_sampler(sampler={self.sampler!r}, "
+                f"refresh_every={self.refresh_every!r}{', ' + opts if opts else ''})")
+
+
+def _no_duplicates_sampler(dataset, batch_size, drop_last, valid_label_columns, generator, seed):
+    """sentence-transformers' ``NoDuplicatesBatchSampler`` (its module moved in v5+)."""
+    try:
+        from sentence_transformers.base.sampler import NoDuplicatesBatchSampler
+    except ImportError:  # sentence-transformers < 6
+        from sentence_transformers.sampler import NoDuplicatesBatchSampler
+    return NoDuplicatesBatchSampler(
+        dataset, batch_size=batch_size, drop_last=drop_last,
+        valid_label_columns=valid_label_columns, generator=generator, seed=seed,
+    )
 
 
 class _SequentialBatches(Sampler[list[int]]):
