@@ -40,14 +40,22 @@ class CLIError(Exception):
     """A user-facing problem: printed on stderr, exit code 2."""
 
 
-def _positive_int(text: str) -> int:
+def _integer_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _integer_at_least(text, 1, "a positive integer")
+
+
+def _nonnegative_int(text: str) -> int:
+    return _integer_at_least(text, 0, "an integer >= 0")
 
 
 def _probability(text: str) -> float:

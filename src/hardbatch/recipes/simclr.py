@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..cli import _nonnegative_int, _positive_float, _positive_int, _probability
 from . import _runs
 
 __all__ = ["DEFAULTS", "LOSSES", "SAMPLERS", "add_simclr_parser", "build_parser", "load_images",
@@ -271,40 +272,6 @@ def _command_line() -> str:
 
 
 # ------------------------------------------------------------------------------ CLI
-def _restart(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"restart probability {text} must lie in [0, 1]")
-    return value
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _pos_int(text: str) -> int:
-    value = _nonneg_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _pos_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     d = DEFAULTS
     p.add_argument("--dataset", required=True, choices=DATASETS)
@@ -314,17 +281,17 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cache of decoded CIFAR-10 JPEGs (default ~/.cache/hardbatch)")
     p.add_argument("--sampler", default="all", help=f"one of {SAMPLERS}, a comma list, or 'all'")
     p.add_argument("--loss", default="infonce", help=f"one of {LOSSES}, a comma list, or 'all'")
-    p.add_argument("--seeds", type=_pos_int, default=1, help="run seeds 0..SEEDS-1 (default 1)")
+    p.add_argument("--seeds", type=_positive_int, default=1, help="run seeds 0..SEEDS-1 (default 1)")
     p.add_argument("--seed-list", default=None, help="explicit comma-separated seeds")
-    p.add_argument("--epochs", type=_pos_int, default=d["epochs"],
+    p.add_argument("--epochs", type=_positive_int, default=d["epochs"],
                    help=f"epochs over the training subset (default {d['epochs']})")
-    p.add_argument("--train-size", type=_nonneg_int, default=d["train_size"],
+    p.add_argument("--train-size", type=_nonnegative_int, default=d["train_size"],
                    help=f"class-balanced training subset, same for every run (default "
                         f"{d['train_size']}; 0: all)")
-    p.add_argument("--test-size", type=_nonneg_int, default=d["test_size"],
+    p.add_argument("--test-size", type=_nonnegative_int, default=d["test_size"],
                    help="class-balanced subset of the test set for evaluation (default 0: all)")
-    p.add_argument("--batch-size", type=_pos_int, default=d["batch_size"])
-    p.add_argument("--max-steps", type=_pos_int, default=None,
+    p.add_argument("--batch-size", type=_positive_int, default=d["batch_size"])
+    p.add_argument("--max-steps", type=_positive_int, default=None,
                    help="stop after this many steps (smoke tests)")
     p.add_argument("--arch", choices=("auto", "convnet", "resnet18"), default="auto",
                    help="encoder (auto: resnet18 with CUDA, else the compact convnet)")
@@ -334,20 +301,20 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels-last", dest="channels_last", action="store_true", default=None,
                    help="channels_last memory format (default: on with CUDA)")
     p.add_argument("--no-channels-last", dest="channels_last", action="store_false")
-    p.add_argument("--temperature", type=_pos_float, default=d["temperature"])
-    p.add_argument("--lr", type=_pos_float, default=d["lr"], help="Adam learning rate")
+    p.add_argument("--temperature", type=_positive_float, default=d["temperature"])
+    p.add_argument("--lr", type=_positive_float, default=d["lr"], help="Adam learning rate")
     p.add_argument("--weight-decay", type=float, default=1e-6)
-    p.add_argument("--candidates", type=_pos_int, default=d["candidates"], help="M")
-    p.add_argument("--neighbors", type=_pos_int, default=d["neighbors"], help="K")
-    p.add_argument("--refresh-every", type=_pos_int, default=d["refresh_every"], help="t (steps)")
-    p.add_argument("--restart", nargs=2, type=_restart, default=list(d["restart"]),
+    p.add_argument("--candidates", type=_positive_int, default=d["candidates"], help="M")
+    p.add_argument("--neighbors", type=_positive_int, default=d["neighbors"], help="K")
+    p.add_argument("--refresh-every", type=_positive_int, default=d["refresh_every"], help="t (steps)")
+    p.add_argument("--restart", nargs=2, type=_probability, default=list(d["restart"]),
                    metavar=("START", "END"), help="RWR alpha, decayed linearly")
     p.add_argument("--gcbs-quantile", type=float, default=None,
                    help="default 1 - 2B/(N-1) clipped to [0.5, 0.999]")
     p.add_argument("--bank-init", choices=("encode", "random"), default=d["bank_init"])
-    p.add_argument("--eval-every", type=_pos_int, default=None,
+    p.add_argument("--eval-every", type=_positive_int, default=None,
                    help="steps between kNN evaluations (default: every 2 epochs)")
-    p.add_argument("--threads", type=_pos_int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=_positive_int, default=1, help="torch threads (default 1)")
     p.add_argument("--tag", default=None, help="result-name suffix (default: from overrides)")
     p.add_argument("--out", default="results/vision", help="folder for the per-run JSON files")
     p.add_argument("--force", action="store_true", help="rerun even if the JSON exists")
