@@ -9,9 +9,11 @@ import os
 import platform
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["env_record", "finished", "result_path", "try_lock", "write_json_atomic"]
+__all__ = ["env_record", "finished", "result_path", "run_exclusive", "try_lock",
+           "write_json_atomic"]
 
 
 def result_path(out: Path | str, *parts: str, seed: int, tag: str = "") -> Path:
@@ -83,3 +85,32 @@ def env_record() -> dict:
             "host": socket.gethostname(), "cpus": os.cpu_count(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def run_exclusive(path: Path, run: Callable[[], dict], *, key: str = "accuracy",
+                  force: bool = False, prefix: str = "[run]",
+                  reraise: tuple[type[BaseException], ...] = ()) -> tuple[dict | None, bool]:
+    """Run one grid cell unless it is finished or another live process holds it.
+
+    ``run()`` computes the record (and writes ``path``). Returns ``(record, False)`` after a
+    run, ``(None, False)`` when skipped (finished, or locked by a live process) and
+    ``(None, True)`` when ``run`` raised: the error is printed and the grid goes on, except for
+    exception types in ``reraise`` (user errors such as a bad data path), which propagate.
+    The lock is released in every case.
+    """
+    path = Path(path)
+    if not force and finished(path, key):  # another process finished it meanwhile
+        return None, False
+    lock = try_lock(path)
+    if lock is None:  # a live process is running it (parallel grid workers)
+        print(f"{prefix} {path.name} is running elsewhere, skipped", flush=True)
+        return None, False
+    try:
+        return run(), False
+    except reraise:
+        raise
+    except Exception as exc:  # noqa: BLE001 (one failed run must not stop a grid)
+        print(f"{prefix} FAILED {path.name}: {type(exc).__name__}: {exc}", flush=True)
+        return None, True
+    finally:
+        lock.unlink(missing_ok=True)

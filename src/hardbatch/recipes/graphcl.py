@@ -721,20 +721,12 @@ def run_graphcl(args) -> int:
               f"({time.perf_counter() - t0:.1f}s)", flush=True)
         for s, l, seed in todo:
             path = result_path(out, name, s, l, seed, tag)
-            if not args.force and _runs.finished(path):  # another process finished it meanwhile
+            rec, failed = _runs.run_exclusive(
+                path, lambda: run_one(args, dataset, s, l, seed, path),  # noqa: B023 (called now)
+                key="accuracy", force=args.force, prefix="[graphcl]")
+            failures += failed
+            if rec is None:
                 continue
-            lock = _runs.try_lock(path)
-            if lock is None:  # a live process is running it (parallel grid workers)
-                print(f"[graphcl] {path.name} is running elsewhere, skipped", flush=True)
-                continue
-            try:
-                rec = run_one(args, dataset, s, l, seed, path)
-            except Exception as exc:  # keep going: one failed run must not stop a grid
-                failures += 1
-                print(f"[graphcl] FAILED {path.name}: {type(exc).__name__}: {exc}", flush=True)
-                continue
-            finally:
-                lock.unlink(missing_ok=True)
             tm = rec["timings_s"]
             print(f"[graphcl] {name} {s} {l} seed {seed}: acc {100 * rec['accuracy']:.2f} "
                   f"wall {rec['wall_time_s']:.1f}s (fwd/bwd {tm['forward_backward']:.1f}, "

@@ -381,22 +381,13 @@ def run_simclr(args) -> int:
     failures = 0
     for s, l, seed in todo:
         path = result_path(out, args.dataset, s, l, seed, tag)
-        if not args.force and _runs.finished(path, "knn_accuracy"):
+        rec, failed = _runs.run_exclusive(
+            path, lambda: run_one(args, data, s, l, seed, path),  # noqa: B023 (called now)
+            key="knn_accuracy", force=args.force, prefix="[simclr]",
+            reraise=(ValueError, FileNotFoundError))
+        failures += failed
+        if rec is None:
             continue
-        lock = _runs.try_lock(path)
-        if lock is None:
-            print(f"[simclr] {path.name} is running elsewhere, skipped", flush=True)
-            continue
-        try:
-            rec = run_one(args, data, s, l, seed, path)
-        except (ValueError, FileNotFoundError):
-            raise
-        except Exception as exc:  # keep going: one failed run must not stop a grid
-            failures += 1
-            print(f"[simclr] FAILED {path.name}: {type(exc).__name__}: {exc}", flush=True)
-            continue
-        finally:
-            lock.unlink(missing_ok=True)
         print(f"[simclr] {args.dataset} {s} {l} seed {seed}: kNN {100 * rec['knn_accuracy']:.2f} "
               f"linear {100 * rec['linear_probe_accuracy']:.2f} fnr "
               f"{rec['mean_false_negative_rate']:.3f} {rec['images_per_second']:.0f} img/s "

@@ -567,20 +567,13 @@ def run_simcse(args) -> int:
     failures = 0
     for s, l, seed in todo:
         path = result_path(out, s, l, seed, tag)
-        if not args.force and _runs.finished(path, key="avg"):
+        rec, failed = _runs.run_exclusive(
+            path, lambda: run_one(args, s, l, seed, path, texts, sts_sets,  # noqa: B023
+                                  _command(args, s, l, seed)),  # noqa: B023 (called now)
+            key="avg", force=args.force, prefix="[simcse]")
+        failures += failed
+        if rec is None:
             continue
-        lock = _runs.try_lock(path)
-        if lock is None:
-            print(f"[simcse] {path.name} is running elsewhere, skipped", flush=True)
-            continue
-        try:
-            rec = run_one(args, s, l, seed, path, texts, sts_sets, _command(args, s, l, seed))
-        except Exception as exc:  # noqa: BLE001 (one failed run must not stop a grid)
-            failures += 1
-            print(f"[simcse] FAILED {path.name}: {type(exc).__name__}: {exc}", flush=True)
-            continue
-        finally:
-            lock.unlink(missing_ok=True)
         d = rec["diagnostics"]
         print(f"[simcse] {s} {l} seed {seed}: STS avg {rec['avg']:.2f} "
               f"({', '.join(f'{k} {v:.2f}' for k, v in rec['sts'].items())}) "
