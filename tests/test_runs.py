@@ -66,3 +66,20 @@ def test_run_exclusive_failure_and_reraise(tmp_path, capsys):
     with pytest.raises(FileNotFoundError):
         _runs.run_exclusive(path, bad_input, reraise=(FileNotFoundError,))
     assert not list(tmp_path.glob(".*.lock"))
+
+
+def test_expand_choices_and_seeds_of():
+    import argparse
+
+    allowed = ("uniform", "knn", "gcbs")
+    assert _runs.expand_choices("all", allowed, "sampler") == list(allowed)
+    assert _runs.expand_choices(" KNN,uniform,knn ", allowed, "sampler") == ["knn", "uniform"]
+    for bad in ("bfs", ",", "knn,bfs"):
+        with pytest.raises(ValueError, match="--sampler"):
+            _runs.expand_choices(bad, allowed, "sampler")
+    ns = argparse.Namespace
+    assert _runs.seeds_of(ns(seed_list=None, seeds=3)) == [0, 1, 2]
+    assert _runs.seeds_of(ns(seed_list="4,1,4", seeds=3)) == [4, 1]
+    for bad in ("a", "1,-2", ","):
+        with pytest.raises(ValueError, match="--seed-list"):
+            _runs.seeds_of(ns(seed_list=bad, seeds=3))

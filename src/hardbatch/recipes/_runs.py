@@ -4,6 +4,7 @@ grid workers off each other's runs and is taken over when its process is gone.""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -12,8 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["env_record", "finished", "result_path", "run_exclusive", "try_lock",
-           "write_json_atomic"]
+__all__ = ["add_grid_arguments", "env_record", "expand_choices", "finished", "result_path",
+           "run_exclusive", "seeds_of", "try_lock", "write_json_atomic"]
 
 
 def result_path(out: Path | str, *parts: str, seed: int, tag: str = "") -> Path:
@@ -114,3 +115,35 @@ def run_exclusive(path: Path, run: Callable[[], dict], *, key: str = "accuracy",
         return None, True
     finally:
         lock.unlink(missing_ok=True)
+
+
+def add_grid_arguments(p: argparse.ArgumentParser, out: str) -> None:
+    """The options every recipe shares: ``--out`` (default ``out``), ``--force``, ``--dry-run``."""
+    p.add_argument("--out", default=out, help="folder for the per-run JSON files")
+    p.add_argument("--force", action="store_true", help="rerun even if the JSON exists")
+    p.add_argument("--dry-run", action="store_true", help="list the runs and their status only")
+
+
+def expand_choices(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    """``"all"`` or a comma-separated subset of ``allowed`` -> the names, in order, no repeats."""
+    if value == "all":
+        return list(allowed)
+    items = [v.strip().lower() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise ValueError(f"--{what}: {bad or value!r} not in {', '.join(allowed)} (or 'all')")
+    return list(dict.fromkeys(items))
+
+
+def seeds_of(args: argparse.Namespace) -> list[int]:
+    """The run seeds: ``--seed-list`` (comma-separated) if given, else ``0 .. --seeds - 1``."""
+    if not args.seed_list:
+        return list(range(args.seeds))
+    try:
+        seeds = [int(s) for s in args.seed_list.split(",") if s.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise ValueError(f"--seed-list {args.seed_list!r} must be comma-separated integers >= 0, "
+                         "e.g. 0,1,2")
+    return list(dict.fromkeys(seeds))

@@ -655,9 +655,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="precomputed: RBF Gram matrix computed once (fast); rbf: SVC() as GraphCL")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
     p.add_argument("--log-every", type=int, default=1, help="steps between trace entries")
-    p.add_argument("--out", default="results/graphs", help="folder for the per-run JSON files")
-    p.add_argument("--force", action="store_true", help="rerun even if the JSON exists")
-    p.add_argument("--dry-run", action="store_true", help="list the runs and their status only")
+    _runs.add_grid_arguments(p, out="results/graphs")
     p.add_argument("--verbose", action="store_true", help="print the loss every epoch")
 
 
@@ -678,16 +676,6 @@ def add_graphcl_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _expand(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    if value == "all":
-        return list(allowed)
-    items = [v.strip().lower() for v in value.split(",") if v.strip()]
-    bad = [v for v in items if v not in allowed]
-    if bad or not items:
-        raise SystemExit(f"--{what}: {bad or value!r} not in {allowed} (or 'all')")
-    return items
-
-
 def run_graphcl(args) -> int:
     """Run every (dataset, sampler, loss, seed) of ``args``; returns a process exit code."""
     from .tu import load_tu
@@ -696,10 +684,9 @@ def run_graphcl(args) -> int:
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally` (lock cleanup)
-    samplers = _expand(args.sampler, SAMPLERS, "sampler")
-    losses = _expand(args.loss, LOSSES, "loss")
-    seeds = ([int(s) for s in args.seed_list.split(",")] if args.seed_list
-             else list(range(args.seeds)))
+    samplers = _runs.expand_choices(args.sampler, SAMPLERS, "sampler")
+    losses = _runs.expand_choices(args.loss, LOSSES, "loss")
+    seeds = _runs.seeds_of(args)
     out = Path(args.out)
     failures = 0
     for raw_name in args.dataset:

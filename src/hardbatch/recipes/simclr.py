@@ -316,9 +316,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="steps between kNN evaluations (default: every 2 epochs)")
     p.add_argument("--threads", type=_positive_int, default=1, help="torch threads (default 1)")
     p.add_argument("--tag", default=None, help="result-name suffix (default: from overrides)")
-    p.add_argument("--out", default="results/vision", help="folder for the per-run JSON files")
-    p.add_argument("--force", action="store_true", help="rerun even if the JSON exists")
-    p.add_argument("--dry-run", action="store_true", help="list the runs and their status only")
+    _runs.add_grid_arguments(p, out="results/vision")
     p.add_argument("--progress", action="store_true", help="progress bar per run")
 
 
@@ -339,24 +337,12 @@ def add_simclr_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _expand(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    if value == "all":
-        return list(allowed)
-    items = [v.strip().lower() for v in value.split(",") if v.strip()]
-    bad = [v for v in items if v not in allowed]
-    if bad or not items:
-        raise ValueError(f"--{what} {value!r}: {bad or 'empty'} not in {', '.join(allowed)} "
-                         "(or 'all')")
-    return list(dict.fromkeys(items))
-
-
 def run_simclr(args) -> int:
     """Run every (sampler, loss, seed) of ``args``; returns a process exit code."""
     torch.set_num_threads(max(1, int(args.threads)))
-    samplers = _expand(args.sampler, SAMPLERS, "sampler")
-    losses = _expand(args.loss, LOSSES, "loss")
-    seeds = ([int(s) for s in args.seed_list.split(",")] if args.seed_list
-             else list(range(args.seeds)))
+    samplers = _runs.expand_choices(args.sampler, SAMPLERS, "sampler")
+    losses = _runs.expand_choices(args.loss, LOSSES, "loss")
+    seeds = _runs.seeds_of(args)
     _resolve(args)  # device / arch errors before any loading
     if args.gcbs_quantile is not None and not 0.0 < args.gcbs_quantile < 1.0:
         raise ValueError(f"--gcbs-quantile {args.gcbs_quantile} must lie strictly in (0, 1)")

@@ -457,9 +457,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--eval-threads", type=int, default=None,
                    help="torch threads for the STS evaluation (default: --threads)")
-    p.add_argument("--out", default="results/text", help="folder for the per-run JSON files")
-    p.add_argument("--force", action="store_true", help="rerun even if the JSON exists")
-    p.add_argument("--dry-run", action="store_true", help="list the runs and their status only")
+    _runs.add_grid_arguments(p, out="results/text")
     p.add_argument("--plan-only", action="store_true",
                    help="no training: draw each sampler's batches for the run's steps and write "
                         "their diagnostics (hardness, near-duplicate rates) to "
@@ -483,16 +481,6 @@ def add_simcse_parser(subparsers) -> argparse.ArgumentParser:
     _add_arguments(p)
     p.set_defaults(func=run_simcse)
     return p
-
-
-def _expand(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    if value == "all":
-        return list(allowed)
-    items = [v.strip().lower() for v in value.split(",") if v.strip()]
-    bad = [v for v in items if v not in allowed]
-    if bad or not items:
-        raise ValueError(f"--{what}: {bad or value!r} not in {', '.join(allowed)} (or 'all')")
-    return items
 
 
 def _command(args, sampler: str, loss: str, seed: int) -> str:
@@ -534,10 +522,9 @@ def run_simcse(args) -> int:
     _check(args)
     torch.set_num_threads(max(1, int(args.threads)))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally` (lock cleanup)
-    samplers = _expand(args.sampler, SAMPLERS, "sampler")
-    losses = _expand(args.loss, LOSSES, "loss")
-    seeds = ([int(s) for s in args.seed_list.split(",")] if args.seed_list
-             else list(range(args.seeds)))
+    samplers = _runs.expand_choices(args.sampler, SAMPLERS, "sampler")
+    losses = _runs.expand_choices(args.loss, LOSSES, "loss")
+    seeds = _runs.seeds_of(args)
     out, tag = Path(args.out), _tag(args)
     todo = [(s, l, seed) for seed in seeds for l in losses for s in samplers
             if args.force or args.plan_only
