@@ -145,10 +145,13 @@ def simulate_single_process(base, make_sampler, epochs: int, world: int):
 
 
 def check_training(base: torch.Tensor, rank: int, world: int) -> None:
-    for background in (False, True):
-        def make(bank, r=None, w=None, distributed=None, background=background):
+    for background, prefetch in ((False, 0), (True, 0), (True, 4)):
+        def make(bank, r=None, w=None, distributed=None, background=background,
+                 prefetch=prefetch):
+            on = r is None  # background build / planner thread in the DDP run only
             return hb.ProximityGraphSampler(bank, B, 100, 10, refresh_every=3, seed=9,
-                                            refresh_lag=1, background=background and r is None,
+                                            refresh_lag=1, background=background and on,
+                                            prefetch=prefetch if on else 0,
                                             distributed=distributed, rank=r, world_size=w)
 
         bank = hb.EmbeddingBank(N, D, seed=2)
@@ -158,7 +161,8 @@ def check_training(base: torch.Tensor, rank: int, world: int) -> None:
         everyone = gather_objects(mine)
         # Single-process simulation with unsharded graphs: identical batches.
         sim = simulate_single_process(base, lambda bk, r, w: make(bk, r, w, False), 2, world)
-        assert everyone == sim, f"background={background}: DDP run != single-process run"
+        assert everyone == sim, \
+            f"background={background}, prefetch={prefetch}: DDP run != single-process run"
         assert sampler.refreshes == 5  # steps 0, 3, ..., 12 (15 is scheduled, used at 16)
         tables = gather_objects(bank.embeddings)
         assert all(torch.equal(t, tables[0]) for t in tables)

@@ -198,3 +198,102 @@ def test_gcbs_partition_method():
         hb.gcbs_permutation(x, q, method="partition", partitions=0)
     sampler = hb.GCBSSampler(x, 64, quantile=q, method="partition", partitions=3)
     assert sorted(i for b in sampler for i in b) == list(range(6000))
+
+
+# -- planner thread (prefetch) ---------------------------------------------------------------
+
+@pytest.mark.parametrize("background,lag,graph", [(False, 0, "proximity"), (False, 2, "proximity"),
+                                                  (True, 1, "proximity"), (True, 3, "knn")])
+def test_prefetch_gives_the_same_batches(base, background, lag, graph):
+    sync = run(make(background, lag, graph), base)
+    planned = make(background, lag, graph, prefetch=6)
+    assert run(planned, base) == sync
+    assert planned._planner is None  # the thread ends with the epoch
+
+
+def test_prefetch_knn_sampler_gives_the_same_batches(base):
+    def knn(prefetch):
+        return hb.KNNBatchSampler(hb.EmbeddingBank(N, D, seed=3), B, refresh_every=4,
+                                  refresh_lag=2, seed=5, prefetch=prefetch)
+    assert run(knn(5), base) == run(knn(0), base)
+
+
+def test_prefetch_plans_ahead_in_a_thread(base):
+    sampler = ProximityGraphSampler(base, B, 100, 10, refresh_every=None, seed=2, prefetch=5)
+    it = iter(sampler)
+    first = next(it)
+    planner = sampler._planner
+    assert planner is not None and planner.name == "hardbatch-planner" and planner.is_alive()
+    for _ in range(200):  # the planner fills its queue while the loop does nothing
+        if len(sampler._planned) == 5:
+            break
+        threading.Event().wait(0.01)
+    assert len(sampler._planned) == 5
+    rest = [first] + list(it)
+    reference = ProximityGraphSampler(base, B, 100, 10, refresh_every=None, seed=2)
+    assert rest == list(reference)
+    assert not planner.is_alive()
+
+
+def test_prefetch_waits_for_the_snapshot_of_an_unreached_refresh_step(base):
+    """The planner never runs past step s + L - 1 before the loop has reached refresh step s."""
+    sampler = make(False, 2, prefetch=50)
+    it = iter(sampler)
+    next(it)  # step 0
+    for _ in range(500):
+        if len(sampler._planned) >= 5:
+            break
+        threading.Event().wait(0.01)
+    threading.Event().wait(0.1)
+    # steps 1..5 are plannable (step 4's snapshot is needed from step 6 on)
+    assert len(sampler._planned) == 5
+    next(it), next(it), next(it), next(it)  # consume up to step 4: its snapshot is taken
+    for _ in range(200):
+        if len(sampler._planned) > 1:
+            break
+        threading.Event().wait(0.01)
+    assert len(sampler._planned) > 1
+    it.close()
+    assert sampler._planner is None
+
+
+def test_prefetch_resume_mid_epoch_with_batches_planned_ahead(base):
+    full = run(make(True, 3), base, epochs=2)
+    first = make(True, 3, prefetch=7)
+    head = run(first, base, epochs=2, stop_after=29)  # planner is ahead of step 28
+    state = first.state_dict()
+    assert len(state["pending"]) > 0  # planned but not handed out
+    for prefetch in (0, 4):  # resume with or without a planner
+        second = make(True, 3, prefetch=prefetch)
+        second.source.load_state_dict(first.source.state_dict())
+        second.load_state_dict(state)
+        tail, step = [], 29
+        for batch in second:
+            tail.append(batch)
+            idx = torch.tensor(batch)
+            second.source.update(idx, base[idx] + 0.5 * torch.cos(
+                idx[:, None] * 0.1 + step + torch.arange(D)).float())
+            step += 1
+        assert head + tail == full
+
+
+def test_prefetch_error_in_the_planner_reaches_the_loop():
+    calls = []
+
+    def source():
+        calls.append(1)
+        x = unit_rows(np.random.default_rng(0), N, D)
+        if len(calls) > 1:
+            x[3, 0] = np.nan
+        return x
+
+    sampler = ProximityGraphSampler(source, B, 100, 10, refresh_every=4, seed=1, prefetch=3)
+    with pytest.raises(ValueError, match="NaN"):
+        for _ in sampler:
+            pass
+    assert sampler._planner is None
+
+
+def test_bad_prefetch():
+    with pytest.raises(ValueError, match="prefetch"):
+        ProximityGraphSampler(hb.EmbeddingBank(N, D), B, 100, 10, prefetch=-1)

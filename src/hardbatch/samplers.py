@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import threading
 import time
 from collections.abc import Iterator
 from typing import Literal
@@ -75,7 +76,7 @@ class _PlanSampler(Sampler[list[int]]):
     """Base: a global per-epoch plan of batches, generated in order, split across ranks."""
 
     def __init__(self, num_items: int, batch_size: int, *, drop_last: bool, seed: int,
-                 rank: int | None, world_size: int | None) -> None:
+                 rank: int | None, world_size: int | None, prefetch: int = 0) -> None:
         self.num_items = num_items
         self.batch_size = check_int(batch_size, "batch_size", low=1)
         if self.batch_size > num_items:
@@ -91,6 +92,33 @@ class _PlanSampler(Sampler[list[int]]):
         self._recent: collections.deque = collections.deque(maxlen=_LOOKBACK)
         self._yielded = 0
         self._active = False
+        self.prefetch = check_int(prefetch, "prefetch", low=0)
+        self._init_planner()
+
+    def _init_planner(self) -> None:
+        # Planner thread (prefetch > 0): it generates batches into ``_planned``; the training
+        # loop's thread only takes them and marks its progress (``_consumer_step``).
+        # Lock order: _plan_lock (held while a step is generated), then _cv.
+        self._cv = threading.Condition()
+        self._plan_lock = threading.Lock()
+        self._planned: collections.deque = collections.deque()
+        self._planner: threading.Thread | None = None
+        self._plan_error: BaseException | None = None
+        self._stop_planning = False
+        self._consumer_step = -1
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for key in ("_cv", "_plan_lock", "_planner"):
+            state[key] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        planned = state.get("_planned")
+        self.__dict__.update(state)
+        self._init_planner()
+        if planned:
+            self._planned.extend(planned)
 
     # -- plan geometry -------------------------------------------------
     @property
@@ -128,35 +156,107 @@ class _PlanSampler(Sampler[list[int]]):
     def _load_generator_state(self, state: dict) -> None:
         pass
 
+    def _before_step(self, global_step: int) -> None:
+        """Called in the training loop's thread just before batch ``global_step`` is handed out."""
+        with self._cv:
+            self._consumer_step = global_step
+            self._cv.notify_all()
+
+    def _ready(self, global_step: int) -> bool:
+        """Whether the planner thread may generate ``global_step`` now (called under ``_cv``)."""
+        return True
+
     # -- iteration -----------------------------------------------------
+    def _plan_step(self, step: int, steps: int) -> np.ndarray:
+        """All W global batches of local step ``step``; returns this rank's."""
+        w, r = self.world_size, self.rank
+        mine = None
+        for j in range(step * w, step * w + w):
+            batch = self._generate(j, self.epoch * steps + step)
+            if j % w == r:
+                mine = batch
+        return mine
+
     def __iter__(self) -> Iterator[list[int]]:
         steps = len(self)
-        w, r = self.world_size, self.rank
         self._begin_epoch(fresh=not (self._pending or self._start_step > 0))
         start = self._start_step
         pending, self._pending, self._start_step = self._pending, [], 0
         self._recent.clear()
+        self._planned.clear()
         self._active = True
+        base = self.epoch * steps
         step = start
         for batch in pending:
+            self._before_step(base + step)
             self._recent.append(batch)
             self._yielded = step + 1
             yield batch.tolist()
             step += 1
-        while step < steps:
-            t0 = time.perf_counter()
-            mine = None
-            for j in range(step * w, step * w + w):
-                batch = self._generate(j, self.epoch * steps + step)
-                if j % w == r:
-                    mine = batch
-            self.sampler_seconds += time.perf_counter() - t0
-            self._recent.append(mine)
-            self._yielded = step + 1
-            yield mine.tolist()
-            step += 1
+        if self.prefetch and step < steps:
+            self._start_planner(step, steps)
+        try:
+            while step < steps:
+                t0 = time.perf_counter()
+                self._before_step(base + step)
+                mine = self._take_planned() if self.prefetch else self._plan_step(step, steps)
+                self.sampler_seconds += time.perf_counter() - t0
+                self._recent.append(mine)
+                self._yielded = step + 1
+                yield mine.tolist()
+                step += 1
+        finally:
+            self._stop_planner()
         self._active = False
         self.epoch += 1
+
+    # -- background planning (prefetch > 0) ----------------------------
+    def _start_planner(self, step: int, steps: int) -> None:
+        self._stop_planning, self._plan_error = False, None
+        self._planner = threading.Thread(target=self._plan_loop, args=(step, steps),
+                                         name="hardbatch-planner", daemon=True)
+        self._planner.start()
+
+    def _plan_loop(self, step: int, steps: int) -> None:
+        try:
+            base = self.epoch * steps
+            for s in range(step, steps):
+                with self._cv:
+                    while not self._stop_planning and (
+                            len(self._planned) >= self.prefetch or not self._ready(base + s)):
+                        self._cv.wait(0.5)
+                    if self._stop_planning:
+                        return
+                with self._plan_lock:
+                    batch = self._plan_step(s, steps)
+                    with self._cv:
+                        self._planned.append(batch)
+                        self._cv.notify_all()
+        except BaseException as err:  # handed to the training loop by _take_planned
+            with self._cv:
+                self._plan_error = err
+                self._cv.notify_all()
+
+    def _take_planned(self) -> np.ndarray:
+        with self._cv:
+            while not self._planned:
+                if self._plan_error is not None:
+                    raise self._plan_error
+                if self._planner is None or not self._planner.is_alive():
+                    raise RuntimeError("the batch planner thread stopped unexpectedly")
+                self._cv.wait(0.5)
+            batch = self._planned.popleft()
+            self._cv.notify_all()
+            return batch
+
+    def _stop_planner(self) -> None:
+        if self._planner is None:
+            return
+        with self._cv:
+            self._stop_planning = True
+            self._cv.notify_all()
+        self._planner.join()
+        self._planner = None
 
     # -- checkpointing -------------------------------------------------
     def state_dict(self, consumed: int | None = None) -> dict:
@@ -165,6 +265,10 @@ class _PlanSampler(Sampler[list[int]]):
         ``consumed`` may lag the batches already yielded by up to 1024 (a
         prefetching loader); those batches are replayed after loading.
         """
+        with self._plan_lock:  # the planner thread (prefetch) is between steps
+            return self._state_dict(consumed)
+
+    def _state_dict(self, consumed: int | None) -> dict:
         yielded = self._yielded if self._active else 0
         consumed = yielded if consumed is None else check_int(consumed, "consumed", low=0)
         if consumed > yielded or yielded - consumed > len(self._recent):
@@ -172,6 +276,9 @@ class _PlanSampler(Sampler[list[int]]):
                              f"and the {yielded} batches yielded this epoch")
         lag = yielded - consumed
         pending = list(self._recent)[len(self._recent) - lag:] if lag else []
+        with self._cv:
+            planned = list(self._planned) if self._active else []
+        pending += planned  # planned ahead by the planner thread, not yet handed out
         return {
             "epoch": self.epoch,
             "step": consumed,
@@ -180,7 +287,8 @@ class _PlanSampler(Sampler[list[int]]):
             "num_items": self.num_items,
             "batch_size": self.batch_size,
             "world_size": self.world_size,
-            "generator": self._generator_state(mid_epoch=bool(self._active and yielded)),
+            "generator": self._generator_state(
+                mid_epoch=bool(self._active and (yielded or planned))),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -351,10 +459,10 @@ class _RefreshingSampler(_PlanSampler):
                  refresh_every: int | None, drop_last: bool, seed: int, normalize: bool,
                  rank: int | None, world_size: int | None, refresh_lag: int | None = None,
                  background: bool = False, distributed: bool | None = None,
-                 process_group=None) -> None:
+                 process_group=None, prefetch: int = 0) -> None:
         n, self._first = source_num_items(embeddings)
         super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
-                         world_size=world_size)
+                         world_size=world_size, prefetch=prefetch)
         self.refresh_every = None if refresh_every is None else check_int(
             refresh_every, "refresh_every", low=1)
         self.source = embeddings
@@ -372,6 +480,10 @@ class _RefreshingSampler(_PlanSampler):
         self.process_group = process_group
         self.distributed = _resolve_distributed(distributed, process_group, self.rank,
                                                 self.world_size)
+        if self.distributed and self.prefetch and not self.background:
+            raise ValueError("prefetch > 0 under torch.distributed needs background=True (graph "
+                             "builds then use a process group of their own, off the training "
+                             "loop's thread); pass background=True or prefetch=0")
         self._build_group = process_group
         if self.distributed and self.background:
             ranks = None if process_group is None else \
@@ -387,7 +499,7 @@ class _RefreshingSampler(_PlanSampler):
         self.refreshes = 0
 
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
+        state = super().__getstate__()
         state["_executor"] = None
         if state["_next"] is not None:
             state["_next"] = (state["_next"][0], self._resolve_next())
@@ -434,7 +546,9 @@ class _RefreshingSampler(_PlanSampler):
 
     def refresh(self, global_step: int = 0) -> None:
         """Re-read the embedding source and rebuild (as scheduled at ``global_step``)."""
-        group = self.process_group if self.distributed else None
+        # With a planner thread (prefetch) builds may run there: use the build group.
+        group = (self._build_group if self.prefetch else self.process_group) \
+            if self.distributed else None
         self._install(self._build(self._read(copy=False), global_step, group))
         self._built_step = global_step
         self.refreshes += 1
@@ -447,10 +561,13 @@ class _RefreshingSampler(_PlanSampler):
                 self._executor = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="hardbatch-refresh")
             group = self._build_group if self.distributed else None
-            self._next = (global_step, self._executor.submit(self._build, x, global_step, group))
+            nxt = (global_step, self._executor.submit(self._build, x, global_step, group))
         else:
             group = self.process_group if self.distributed else None
-            self._next = (global_step, self._build(x, global_step, group))
+            nxt = (global_step, self._build(x, global_step, group))
+        with self._cv:
+            self._next = nxt
+            self._cv.notify_all()
 
     def _resolve_next(self):
         step, structure = self._next
@@ -475,17 +592,36 @@ class _RefreshingSampler(_PlanSampler):
         if fresh or self._walk_state is None:
             self._walk_state = WalkState(self.num_items, self.seed, self.epoch)
 
-    def _generate(self, index: int, global_step: int) -> np.ndarray:
+    def _before_step(self, global_step: int) -> None:
+        # The snapshot of a pipelined refresh is taken here, in the training loop's thread,
+        # when batch ``global_step`` is requested, also when a planner thread runs ahead.
+        super()._before_step(global_step)
         t = self.refresh_every
         if self.refresh_lag and t is not None and global_step % t == 0 and global_step > 0 \
-                and self._built_step != global_step and \
-                (self._next is None or self._next[0] != global_step):
+                and global_step > self._built_step and \
+                (self._next is None or global_step > self._next[0]):
             self._schedule(global_step)
+
+    def _ready(self, global_step: int) -> bool:
+        # The planner may use a built or scheduled structure; it reads the source itself only
+        # when the training loop is waiting for exactly this step (the synchronous timing).
+        due = self._due(global_step)
+        return (self._built_step == due or (self._next is not None and self._next[0] == due)
+                or self._consumer_step >= global_step)
+
+    def _generate(self, index: int, global_step: int) -> np.ndarray:
         due = self._due(global_step)
         if self._built_step != due:
-            if self._next is not None and self._next[0] == due:
-                self._install(self._resolve_next())
-                self._built_step, self._next = due, None
+            with self._cv:
+                nxt = self._next
+                if nxt is not None and nxt[0] == due:
+                    self._next = None
+            if nxt is not None and nxt[0] == due:
+                structure = nxt[1]
+                if isinstance(structure, concurrent.futures.Future):
+                    structure = structure.result()
+                self._install(structure)
+                self._built_step = due
                 self.refreshes += 1
             else:
                 self.refresh(due)
@@ -553,6 +689,11 @@ class ProximityGraphSampler(_RefreshingSampler):
         background: build the next graph in a worker thread from the snapshot, so
             the training loop does not wait for it; same batches as
             ``background=False`` with the same ``refresh_lag``.
+        prefetch: plan up to this many batches (walks) ahead in a planner thread
+            (default 0: walks run when a batch is requested). Same batches as
+            ``prefetch=0``; snapshots are still taken in the training loop's thread
+            when the refresh step's batch is requested, so the planner runs ahead by
+            at most ``refresh_every + refresh_lag - 1`` steps past a refresh step.
         distributed: build the graph sharded across the ranks of ``process_group``
             and all-gather it (identical to the single-process graph). None
             (default): on when torch.distributed is initialised and ``rank`` /
@@ -570,12 +711,13 @@ class ProximityGraphSampler(_RefreshingSampler):
                  device: str | torch.device | None = None,
                  precision: Literal["fp32", "bf16", "fp16"] = "fp32",
                  refresh_lag: int | None = None, background: bool = False,
-                 distributed: bool | None = None, process_group=None,
+                 prefetch: int = 0, distributed: bool | None = None, process_group=None,
                  rank: int | None = None, world_size: int | None = None) -> None:
         super().__init__(embeddings, batch_size, refresh_every=refresh_every,
                          drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
                          world_size=world_size, refresh_lag=refresh_lag, background=background,
-                         distributed=distributed, process_group=process_group)
+                         distributed=distributed, process_group=process_group,
+                         prefetch=prefetch)
         self.device = resolve_device(device)
         check_precision(precision)
         self.precision = precision
@@ -679,6 +821,7 @@ class KNNBatchSampler(_RefreshingSampler):
         batch_size: B (< N).
         refresh_every: steps between snapshots; None reads the source once.
         refresh_lag: steps between a snapshot and its use (default 0).
+        prefetch: batches planned ahead in a planner thread (see ProximityGraphSampler).
         device: where the per-batch product runs (the snapshot lives there).
         normalize, drop_last, seed, rank, world_size: as in every sampler.
 
@@ -689,12 +832,13 @@ class KNNBatchSampler(_RefreshingSampler):
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int,
                  refresh_every: int | None = 100, *, drop_last: bool = False, seed: int = 0,
-                 normalize: bool = True, refresh_lag: int | None = None,
+                 normalize: bool = True, refresh_lag: int | None = None, prefetch: int = 0,
                  device: str | torch.device | None = None, rank: int | None = None,
                  world_size: int | None = None) -> None:
         super().__init__(embeddings, batch_size, refresh_every=refresh_every,
                          drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
-                         world_size=world_size, refresh_lag=refresh_lag, distributed=False)
+                         world_size=world_size, refresh_lag=refresh_lag, distributed=False,
+                         prefetch=prefetch)
         self.device = resolve_device(device)
         if self.batch_size >= self.num_items:
             raise ValueError(f"batch_size={batch_size} must be smaller than N={self.num_items} "
