@@ -59,6 +59,10 @@ def check_graphs(x: np.ndarray) -> None:
     for method in ("exact", "ivf"):
         assert torch.equal(hbdist.gcbs_permutation(x, 0.99, method=method, seed=4),
                            hb.gcbs_permutation(x, 0.99, method=method, seed=4)), method
+    for parts in (1, 2, 5):  # cells shared across the ranks
+        assert torch.equal(
+            hbdist.gcbs_permutation(x, 0.99, method="partition", partitions=parts, seed=4),
+            hb.gcbs_permutation(x, 0.99, method="partition", partitions=parts, seed=4)), parts
     hbgraph._BLOCK_ELEMENTS = 1 << 22
 
 

@@ -39,8 +39,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .gcbs import _gcbs_inputs, _PairPlan, _rcm_order, similarity_threshold
-from .gcbs import gcbs_permutation as _gcbs_permutation
+from .gcbs import (_gcbs_inputs, _PairPlan, _partitions_of, _PartitionPlan, _rcm_order,
+                   similarity_threshold)
 from .graph import Precision, _KNNPlan, _ProximityPlan, shard_range
 
 __all__ = ["all_gather_rows", "gcbs_permutation", "get_rank_world", "is_distributed",
@@ -126,16 +126,30 @@ def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method
                      precision: Precision = "fp32", group=None) -> torch.Tensor:
     """:func:`hardbatch.gcbs_permutation` with the pair search (GCBS eq. 5) shared across ``group``.
 
-    ``method="partition"`` is not shared: every rank computes the whole (same) order.
+    ``method="partition"``: rank 0's cells and chain are broadcast (k-means on
+    CUDA may differ in the last bits between ranks), every rank orders a
+    contiguous range of the chain of about equal cost (sum of squared cell
+    sizes), and the ranges are all-gathered in chain order.
     """
-    if method == "partition":
-        return _gcbs_permutation(embeddings, quantile, paired, method=method, seed=seed,
-                                 partitions=partitions, device=device, precision=precision)
     x, y, quantile = _gcbs_inputs(embeddings, paired, quantile)
     n = x.shape[0]
     if n == 1:
         return torch.zeros(1, dtype=torch.int64)
     threshold = similarity_threshold(x, y, quantile, seed, device=device, precision=precision)
+    if method == "partition":
+        part = _PartitionPlan(x, y, threshold, _partitions_of(n, partitions), seed, device,
+                              precision)
+        if not is_distributed(group):
+            return torch.from_numpy(part.order(0, len(part.chain)))
+        dev = _comm_device(group)
+        cell, chain = part.cell.to(dev), torch.tensor(part.chain, dtype=torch.int64, device=dev)
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        dist.broadcast(cell, src, group=group)
+        dist.broadcast(chain, src, group=group)
+        part.adopt(cell.cpu(), chain.cpu())
+        rank, world = get_rank_world(group)
+        mine = torch.from_numpy(part.order(*part.shard(rank, world)))
+        return all_gather_rows(mine, group)
     plan = _PairPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
                      device=device, precision=precision)
     rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)

@@ -286,8 +286,7 @@ def _rcm_order(rows: np.ndarray, cols: np.ndarray, n: int, seed: int) -> torch.T
     return torch.from_numpy(relabel[np.asarray(order, np.int64)])
 
 
-def _partition_order(x: np.ndarray, y: np.ndarray, threshold: float, partitions: int,
-                     seed: int, device, precision: str) -> torch.Tensor:
+class _PartitionPlan:
     """Partitioned GCBS: coarse k-means cells, exact pairs + RCM within each, cells chained.
 
     Items are put in the cell of their nearest centroid (spherical k-means on
@@ -297,37 +296,77 @@ def _partition_order(x: np.ndarray, y: np.ndarray, threshold: float, partitions:
     reverse Cuthill-McKee (:func:`_rcm_order`). Pairs across cells are dropped.
     Cost about N^2 d / P for P balanced cells, memory O(N*d + nnz of one cell).
     With ``partitions=1`` this is exactly the ``"exact"`` method.
+
+    The cells are independent: :meth:`order` returns the order of the items of
+    chain positions [start, end), so ranks can share them
+    (:func:`hardbatch.distributed.gcbs_permutation`); :meth:`shard` cuts the
+    chain into contiguous ranges of about equal cost (sum of squared cell sizes).
     """
-    n = x.shape[0]
-    if partitions == 1:
-        rows, cols = thresholded_pairs(x, y, threshold, "exact", device=device,
-                                       precision=precision)
-        return _rcm_order(rows, cols, n, seed)
-    dev = resolve_device(device)
-    cent = _kmeans(torch.from_numpy(y).to(dev), partitions, seed)
-    xt = torch.from_numpy(x).to(dev)
-    cell = torch.cat([(xt[s:s + 65536] @ cent.T).argmax(1) for s in range(0, n, 65536)]).cpu()
-    sim = (cent @ cent.T).cpu()
-    chain, left = [0], set(range(1, partitions))
-    while left:  # greedy chain: next, the most similar cell not yet visited
-        nxt = max(left, key=lambda c: float(sim[chain[-1], c]))
-        chain.append(nxt)
-        left.remove(nxt)
-    members = torch.argsort(cell, stable=True).numpy()
-    start = np.zeros(partitions + 1, np.int64)
-    start[1:] = np.cumsum(np.bincount(cell.numpy(), minlength=partitions))
-    out = []
-    for c in chain:
-        idx = members[start[c]:start[c + 1]]
-        if len(idx) <= 1:
-            out.append(idx)
-            continue
-        xs = np.ascontiguousarray(x[idx])
-        ys = xs if y is x else np.ascontiguousarray(y[idx])
-        rows, cols = thresholded_pairs(xs, ys, threshold, "exact", device=device,
-                                       precision=precision)
-        out.append(idx[_rcm_order(rows, cols, len(idx), _rng.derive_seed(seed, c)).numpy()])
-    return torch.from_numpy(np.concatenate(out))
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, threshold: float, partitions: int,
+                 seed: int, device, precision: str) -> None:
+        self.x, self.y, self.threshold, self.seed = x, y, threshold, seed
+        self.device, self.precision = device, precision
+        n = x.shape[0]
+        if partitions == 1:
+            cell = torch.zeros(n, dtype=torch.int64)
+            sim = torch.ones(1, 1)
+        else:
+            dev = resolve_device(device)
+            cent = _kmeans(torch.from_numpy(y).to(dev), partitions, seed)
+            cell = self.assign(x, cent)
+            sim = (cent @ cent.T).cpu()
+        chain, left = [0], set(range(1, partitions))
+        while left:  # greedy chain: next, the most similar cell not yet visited
+            nxt = max(left, key=lambda c: float(sim[chain[-1], c]))
+            chain.append(nxt)
+            left.remove(nxt)
+        self.adopt(cell, torch.tensor(chain, dtype=torch.int64))
+
+    def adopt(self, cell: torch.Tensor, chain: torch.Tensor) -> None:
+        """Use these cells [N] and this chain [P] (e.g. rank 0's, broadcast to every rank)."""
+        partitions = len(chain)
+        self.cell, self.chain = cell.cpu(), [int(c) for c in chain.tolist()]
+        self.members = torch.argsort(self.cell, stable=True).numpy()
+        self.start = np.zeros(partitions + 1, np.int64)
+        self.start[1:] = np.cumsum(np.bincount(self.cell.numpy(), minlength=partitions))
+
+    @staticmethod
+    def assign(x: np.ndarray, cent: torch.Tensor) -> torch.Tensor:
+        """Cell (nearest centroid) of every row of ``x``, int64 [N] on the CPU."""
+        xt = torch.from_numpy(x).to(cent.device)
+        return torch.cat([(xt[s:s + 65536] @ cent.T).argmax(1)
+                          for s in range(0, x.shape[0], 65536)]).cpu()
+
+    def shard(self, rank: int, world: int) -> tuple[int, int]:
+        """Chain positions [start, end) of ``rank``: contiguous, about equal sum of size^2."""
+        sizes = np.array([self.start[c + 1] - self.start[c] for c in self.chain], np.float64)
+        cost = np.concatenate([[0.0], np.cumsum(sizes ** 2)])
+        cuts = np.searchsorted(cost, cost[-1] * np.arange(world + 1) / world, side="left")
+        cuts[0], cuts[-1] = 0, len(self.chain)
+        cuts = np.maximum.accumulate(cuts)
+        return int(cuts[rank]), int(cuts[rank + 1])
+
+    def order(self, start: int, end: int) -> np.ndarray:
+        """Items of chain positions [start, end), each cell in its RCM order, int64."""
+        out = [np.empty(0, np.int64)]
+        for c in self.chain[start:end]:
+            idx = self.members[self.start[c]:self.start[c + 1]]
+            if len(idx) <= 1:
+                out.append(idx)
+                continue
+            xs = np.ascontiguousarray(self.x[idx])
+            ys = xs if self.y is self.x else np.ascontiguousarray(self.y[idx])
+            rows, cols = thresholded_pairs(xs, ys, self.threshold, "exact", device=self.device,
+                                           precision=self.precision)
+            seed = self.seed if len(self.chain) == 1 else _rng.derive_seed(self.seed, c)
+            out.append(idx[_rcm_order(rows, cols, len(idx), seed).numpy()])
+        return np.concatenate(out).astype(np.int64, copy=False)
+
+
+def _partitions_of(n: int, partitions: int | None) -> int:
+    return -(-n // 100_000) if partitions is None else check_int(
+        partitions, "partitions", low=1, high=n)
 
 
 def gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.999,
@@ -374,9 +413,9 @@ def gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.
         return torch.zeros(1, dtype=torch.int64)
     threshold = similarity_threshold(x, y, quantile, seed, device=device, precision=precision)
     if method == "partition":
-        parts = -(-n // 100_000) if partitions is None else check_int(
-            partitions, "partitions", low=1, high=n)
-        return _partition_order(x, y, threshold, parts, seed, device, precision)
+        plan = _PartitionPlan(x, y, threshold, _partitions_of(n, partitions), seed, device,
+                              precision)
+        return torch.from_numpy(plan.order(0, len(plan.chain)))
     rows, cols = thresholded_pairs(x, y, threshold, method, nlist=nlist, nprobe=nprobe,
                                    seed=seed, device=device, precision=precision)
     return _rcm_order(rows, cols, n, seed)
