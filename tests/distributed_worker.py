@@ -172,6 +172,30 @@ def check_training(base: torch.Tensor, rank: int, world: int) -> None:
         assert all(torch.equal(t, tables[0]) for t in tables)
 
 
+class CountingEncoder:
+    """A stand-in SentenceTransformer: deterministic unit embeddings of each text."""
+
+    def __init__(self) -> None:
+        self.encoded = 0
+
+    def encode(self, texts, **kwargs):
+        self.encoded += len(texts)
+        rows = [np.random.default_rng(int(t.split()[-1])).standard_normal(D) for t in texts]
+        out = torch.tensor(np.array(rows), dtype=torch.float32).reshape(len(texts), D)
+        return torch.nn.functional.normalize(out, dim=1)
+
+
+def check_text_encoding(rank: int, world: int) -> None:
+    from hardbatch.integrations.sentence_transformers_sampler import TextEmbeddingSource
+
+    texts = [f"sentence {i}" for i in range(101)]
+    model = CountingEncoder()
+    sharded = TextEmbeddingSource(model, texts)()  # each rank encodes its share, all-gathered
+    assert model.encoded in (101 // world, 101 // world + 1)
+    whole = TextEmbeddingSource(CountingEncoder(), texts, shard=False)()
+    assert torch.equal(sharded, whole)
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -184,6 +208,7 @@ def main() -> None:
     check_bank(rank, world)
     check_plans(x, rank, world)
     check_training(torch.from_numpy(x), rank, world)
+    check_text_encoding(rank, world)
     dist.barrier()
     print(f"RANK {rank} OK", flush=True)
     dist.destroy_process_group()

@@ -55,6 +55,12 @@ class TextEmbeddingSource:
     ``source()`` returns a float32 CPU tensor ``[N, d]``; ``calls`` counts the encoding passes.
     ``initial`` (``[N, d]`` tensor or array, e.g. the starting model's embeddings computed once
     and cached) is returned by the first call instead of encoding; later calls encode.
+
+    ``shard`` (default None: on when torch.distributed is initialised with more than one
+    process): each process encodes its contiguous 1/W of the texts and the rows are
+    all-gathered (:func:`hardbatch.distributed.all_gather_rows`), so a refresh costs 1/W of
+    an encoding pass per process. Every process must then call ``source()`` at the same
+    step (the samplers do: every process iterates the same global plan).
     """
 
     def __init__(
@@ -64,9 +70,13 @@ class TextEmbeddingSource:
         batch_size: int = 64,
         show_progress_bar: bool = False,
         initial=None,
+        shard: bool | None = None,
+        process_group=None,
     ) -> None:
         if not hasattr(model, "encode"):
             raise ValueError("model must have an encode() method (a SentenceTransformer)")
+        self.shard = shard
+        self.process_group = process_group
         self.model = model
         self.texts = list(texts)
         self.batch_size = int(batch_size)
@@ -81,11 +91,20 @@ class TextEmbeddingSource:
         if self.initial is not None:  # precomputed embeddings stand in for the first pass
             out, self.initial = self.initial, None
             return out
+        from .. import distributed as hbdist
+        from ..graph import shard_range
+
+        sharded = hbdist.is_distributed(self.process_group) if self.shard is None else self.shard
+        texts = self.texts
+        if sharded:
+            rank, world = hbdist.get_rank_world(self.process_group)
+            start, end = shard_range(len(texts), rank, world)
+            texts = texts[start:end]
         was_training = getattr(self.model, "training", False)
         try:
             with torch.no_grad():
                 emb = self.model.encode(
-                    self.texts,
+                    texts,
                     batch_size=self.batch_size,
                     convert_to_tensor=True,
                     normalize_embeddings=True,
@@ -95,7 +114,10 @@ class TextEmbeddingSource:
             if hasattr(self.model, "train"):
                 self.model.train(was_training)
         self.calls += 1
-        return torch.as_tensor(emb).detach().float().cpu()
+        emb = torch.as_tensor(emb).detach().float()
+        if sharded:
+            emb = hbdist.all_gather_rows(emb, self.process_group)
+        return emb.cpu()
 
 
 def _initial_embeddings(initial, n: int) -> torch.Tensor:
@@ -165,7 +187,8 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
 
     The plan is global (``rank=0, world_size=1``): under multi-GPU training accelerate shards
     its batches across processes, and every process computes the same plan from the same
-    weights.
+    table: each process encodes 1/W of the texts at a refresh and the rows are all-gathered
+    (:class:`TextEmbeddingSource`), so the processes also agree to the last bit.
     """
 
     def __init__(
