@@ -15,20 +15,34 @@ from hardbatch.samplers import ProximityGraphSampler
 N, D, B = 800, 16, 32
 
 
+def feed(bank, batch, base, step):
+    """The bank update of a training step: the batch's rows, moved with the step."""
+    idx = torch.tensor(batch)
+    bank.update(idx, base[idx] + 0.5 * torch.cos(idx[:, None] * 0.1 + step
+                                                 + torch.arange(D)).float())
+
+
 def run(sampler, base, epochs=2, stop_after=None):
     """A training loop feeding the sampler's bank; returns the batches (and stops early if asked)."""
-    bank = sampler.source
     out, step = [], 0
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         for batch in sampler:
             out.append(batch)
-            idx = torch.tensor(batch)
-            bank.update(idx, base[idx] + 0.5 * torch.cos(idx[:, None] * 0.1 + step
-                                                         + torch.arange(D)).float())
+            feed(sampler.source, batch, base, step)
             step += 1
             if stop_after is not None and step == stop_after:
                 return out
+    return out
+
+
+def finish_epoch(sampler, base, step):
+    """The rest of a resumed epoch, from global step ``step``."""
+    out = []
+    for batch in sampler:
+        out.append(batch)
+        feed(sampler.source, batch, base, step)
+        step += 1
     return out
 
 
@@ -97,15 +111,7 @@ def test_background_resume_with_a_pending_build(base):
     second = make(True, 3)
     second.source.load_state_dict(first.source.state_dict())
     second.load_state_dict(state)
-    tail, step = [], 30
-    for epoch in (1,):
-        for batch in second:
-            tail.append(batch)
-            idx = torch.tensor(batch)
-            second.source.update(idx, base[idx] + 0.5 * torch.cos(
-                idx[:, None] * 0.1 + step + torch.arange(D)).float())
-            step += 1
-    assert head + tail == full
+    assert head + finish_epoch(second, base, 30) == full
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -286,14 +292,7 @@ def test_prefetch_resume_mid_epoch_with_batches_planned_ahead(base):
         second = make(True, 3, prefetch=prefetch)
         second.source.load_state_dict(first.source.state_dict())
         second.load_state_dict(state)
-        tail, step = [], 29
-        for batch in second:
-            tail.append(batch)
-            idx = torch.tensor(batch)
-            second.source.update(idx, base[idx] + 0.5 * torch.cos(
-                idx[:, None] * 0.1 + step + torch.arange(D)).float())
-            step += 1
-        assert head + tail == full
+        assert head + finish_epoch(second, base, 29) == full
 
 
 def test_prefetch_error_in_the_planner_reaches_the_loop():
