@@ -1,6 +1,10 @@
 """How long the training loop waits for the sampler: foreground vs background build vs planner thread.
 
-    python benchmarks/bench_planning.py --json benchmarks/results/planning.json
+    python benchmarks/bench_planning.py --modes foreground background prefetch \
+        --json benchmarks/results/planning.json
+    python benchmarks/bench_planning.py --modes gcbs gcbs-background --items 20000 \
+        --batch-size 256 --step-ms 60 --gcbs-lag 75 --steps 250 \
+        --json benchmarks/results/planning_gcbs.json
 
 A simulated training loop over MNIST train (60k, 64 PCA dims, real data): each step "trains" for
 ``--step-ms`` milliseconds of sleep (a GPU-bound step: the CPU is free meanwhile) and writes the
@@ -14,6 +18,9 @@ Modes: ``foreground`` (refresh_lag=0: the step that needs a new graph builds it)
 ``background`` (background=True, refresh_lag=L: builds in a worker thread, walks on request),
 ``prefetch`` (background=True, refresh_lag=L, prefetch=P: walks planned ahead in a planner
 thread too). ``background`` and ``prefetch`` must give identical batches (checked).
+GCBSSampler (quantile 1 - 2B/N): ``gcbs`` (each epoch's order built at its start) and
+``gcbs-background`` (built in a worker thread from a snapshot ``--gcbs-lag`` steps before the
+end of the previous epoch).
 """
 
 from __future__ import annotations
@@ -34,11 +41,19 @@ def simulate(x: np.ndarray, mode: str, args) -> tuple[dict, list[list[int]]]:
     n, d = x.shape
     bank = hb.EmbeddingBank(n, d)
     bank.update(torch.arange(n), torch.from_numpy(x))
-    kw = {"foreground": dict(refresh_lag=0),
-          "background": dict(background=True, refresh_lag=args.lag),
-          "prefetch": dict(background=True, refresh_lag=args.lag, prefetch=args.prefetch)}[mode]
-    sampler = hb.ProximityGraphSampler(bank, args.batch_size, args.candidates, args.neighbors,
-                                       refresh_every=args.refresh_every, seed=0, **kw)
+    if mode.startswith("gcbs"):
+        kw = dict(background=True, refresh_lag=args.gcbs_lag) if mode == "gcbs-background" \
+            else dict(refresh_lag=0)
+        sampler = hb.GCBSSampler(bank, args.batch_size, quantile=1 - 2 * args.batch_size / n,
+                                 seed=0, **kw)
+    else:
+        kw = {"foreground": dict(refresh_lag=0),
+              "background": dict(background=True, refresh_lag=args.lag),
+              "prefetch": dict(background=True, refresh_lag=args.lag,
+                               prefetch=args.prefetch)}[mode]
+        sampler = hb.ProximityGraphSampler(bank, args.batch_size, args.candidates,
+                                           args.neighbors, refresh_every=args.refresh_every,
+                                           seed=0, **kw)
     gen = torch.Generator().manual_seed(0)
     waits, batches = [], []
 
@@ -60,10 +75,14 @@ def simulate(x: np.ndarray, mode: str, args) -> tuple[dict, list[list[int]]]:
     it.close()
     w = np.array(waits) * 1000
     refresh = np.zeros(len(w), bool)
-    refresh[args.refresh_every::args.refresh_every] = True
+    if mode.startswith("gcbs"):  # a new order at every epoch start
+        refresh[len(sampler)::len(sampler)] = True
+    else:
+        refresh[args.refresh_every::args.refresh_every] = True
     other = ~refresh
     other[0] = False
-    return {"mode": mode, **kw, "steps": args.steps, "refreshes": sampler.refreshes,
+    return {"mode": mode, **kw, "steps": args.steps,
+            "refreshes": getattr(sampler, "refreshes", None),
             "first_batch_ms": float(w[0]),  # the first graph: nothing to overlap it with
             "refresh_step_wait_ms_mean": float(w[refresh].mean()),
             "refresh_step_wait_ms_max": float(w[refresh].max()),
@@ -85,19 +104,28 @@ def main() -> None:
     p.add_argument("--refresh-every", type=int, default=100)
     p.add_argument("--lag", type=int, default=50)
     p.add_argument("--prefetch", type=int, default=16)
+    p.add_argument("--gcbs-lag", type=int, default=100,
+                   help="GCBS: steps before an epoch's end at which the next order is snapshotted")
+    p.add_argument("--modes", nargs="+",
+                   default=["foreground", "background", "prefetch", "gcbs", "gcbs-background"])
+    p.add_argument("--items", type=int, default=0, help="use the first N items (0: all 60k)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     x, _ = mnist_pca64()
+    if args.items:
+        x = np.ascontiguousarray(x[:args.items])
     hb.proximity_graph(x[:5000], args.candidates, args.neighbors)  # compile the numba kernels
     rows, plans = [], {}
-    for mode in ("foreground", "background", "prefetch"):
+    for mode in args.modes:
         row, plans[mode] = simulate(x, mode, args)
         rows.append(row)
         print(json.dumps(row), file=sys.stderr)
+    same = {"prefetch_batches_equal_background": ("prefetch", "background")}
     out = {"machine": machine(), "config": vars(args), "rows": rows,
-           "prefetch_batches_equal_background": plans["prefetch"] == plans["background"]}
+           **{key: plans[a] == plans[b] for key, (a, b) in same.items()
+              if a in plans and b in plans}}
     print(json.dumps(out, indent=1))
-    if not out["prefetch_batches_equal_background"]:
+    if out.get("prefetch_batches_equal_background") is False:
         raise SystemExit("prefetch changed the batches: a bug")
     if args.json:
         with open(args.json, "w") as f:

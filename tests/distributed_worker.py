@@ -170,6 +170,16 @@ def check_training(base: torch.Tensor, rank: int, world: int) -> None:
         assert sampler.refreshes == 5  # steps 0, 3, ..., 12 (15 is scheduled, used at 16)
         tables = gather_objects(bank.embeddings)
         assert all(torch.equal(t, tables[0]) for t in tables)
+    for background in (False, True):  # GCBS with pipelined epochs (next order built off the loop)
+        def make_gcbs(bank, r=None, w=None, distributed=None, background=background):
+            return hb.GCBSSampler(bank, B, quantile=0.99, seed=9, refresh_lag=2,
+                                  background=background and r is None, distributed=distributed,
+                                  rank=r, world_size=w)
+
+        bank = hb.EmbeddingBank(N, D, seed=2)
+        mine = train_like(base, make_gcbs(bank), bank, epochs=3, rank=rank, world=world)
+        sim = simulate_single_process(base, lambda bk, r, w: make_gcbs(bk, r, w, False), 3, world)
+        assert gather_objects(mine) == sim, f"GCBS background={background}: DDP != single process"
 
 
 class CountingEncoder:

@@ -315,3 +315,65 @@ def test_prefetch_error_in_the_planner_reaches_the_loop():
 def test_bad_prefetch():
     with pytest.raises(ValueError, match="prefetch"):
         ProximityGraphSampler(hb.EmbeddingBank(N, D), B, 100, 10, prefetch=-1)
+
+
+# -- GCBS: pipelined / background epochs -------------------------------------------------------
+
+def gcbs(background, lag, **kw):
+    return hb.GCBSSampler(hb.EmbeddingBank(N, D, seed=3), B, quantile=0.99, refresh_lag=lag,
+                          background=background, seed=1, **kw)
+
+
+def test_gcbs_background_equals_synchronous_pipelined_epochs(base):
+    sync = run(gcbs(False, 5), base, epochs=3)
+    assert run(gcbs(True, 5), base, epochs=3) == sync
+    assert run(gcbs(False, 0), base, epochs=3) != sync  # the lag changes the snapshot
+    steps = -(-N // B)
+    for epoch in range(3):  # every epoch still partitions the items
+        items = sorted(i for b in sync[epoch * steps:(epoch + 1) * steps] for i in b)
+        assert items == list(range(N))
+
+
+def test_gcbs_next_order_is_built_from_the_snapshot_lag_steps_before_the_end(base):
+    sampler = gcbs(True, 4)
+    snapshots, builders = [], {}
+    snapshot, build = sampler._snapshot, sampler._build_order
+
+    def spy_snapshot(copy):
+        snapshots.append((sampler.source.step, copy))
+        return snapshot(copy)
+
+    def spy_build(x, y, epoch, group):
+        builders[epoch] = threading.current_thread().name
+        return build(x, y, epoch, group)
+
+    sampler._snapshot, sampler._build_order = spy_snapshot, spy_build
+    run(sampler, base, epochs=2)
+    from hardbatch.samplers import _resolve
+    _resolve(sampler._next_order[1])  # epoch 2's order (not iterated) is built by now
+    steps = len(sampler)  # 25; the bank counts one update per step
+    assert snapshots == [(0, False), (steps - 4, True), (2 * steps - 4, True)]
+    assert builders[0] == threading.current_thread().name  # the first epoch: at its start
+    assert all(builders[e].startswith("hardbatch-refresh") for e in (1, 2))
+
+
+def test_gcbs_resume_between_epochs_keeps_the_pipelined_order(base):
+    full = run(gcbs(True, 6), base, epochs=2)
+    first = gcbs(True, 6)
+    head = run(first, base, epochs=1)
+    state = first.state_dict()  # between epochs: epoch 1's order is built, not yet used
+    assert state["generator"]["next_epoch"] == 1
+    second = gcbs(False, 6)
+    second.source.load_state_dict(first.source.state_dict())
+    second.load_state_dict(state)
+    assert head + finish_epoch(second, base, len(head)) == full
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(background=True, refresh_lag=0), "background=True needs refresh_lag >= 1"),
+    (dict(refresh_lag=26), "refresh_lag=26 must be at most the 25 steps"),
+    (dict(refresh_lag=-2), "refresh_lag=-2 must be >= 0"),
+])
+def test_bad_gcbs_pipelining(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        hb.GCBSSampler(hb.EmbeddingBank(N, D), B, **kwargs)

@@ -72,6 +72,24 @@ def _resolve_distributed(distributed: bool | None, group, rank: int, world_size:
     return bool(distributed)
 
 
+def _build_group_for(distributed: bool, background: bool, process_group):
+    """The process group of background builds: a group of their own, so that their collectives
+    never interleave with the training loop's (created collectively, at construction)."""
+    if not (distributed and background):
+        return process_group
+    ranks = None if process_group is None else \
+        torch.distributed.get_process_group_ranks(process_group)
+    return torch.distributed.new_group(ranks=ranks,
+                                       backend=torch.distributed.get_backend(process_group))
+
+
+def _resolve(structure):
+    """A built structure, waiting for it if it is still being built in the background."""
+    if isinstance(structure, concurrent.futures.Future):
+        return structure.result()
+    return structure
+
+
 class _PlanSampler(Sampler[list[int]]):
     """Base: a global per-epoch plan of batches, generated in order, split across ranks."""
 
@@ -101,6 +119,7 @@ class _PlanSampler(Sampler[list[int]]):
         # Lock order: _plan_lock (held while a step is generated), then _cv.
         self._cv = threading.Condition()
         self._plan_lock = threading.Lock()
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._planned: collections.deque = collections.deque()
         self._planner: threading.Thread | None = None
         self._plan_error: BaseException | None = None
@@ -109,7 +128,7 @@ class _PlanSampler(Sampler[list[int]]):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for key in ("_cv", "_plan_lock", "_planner"):
+        for key in ("_cv", "_plan_lock", "_planner", "_executor"):
             state[key] = None
         return state
 
@@ -161,6 +180,13 @@ class _PlanSampler(Sampler[list[int]]):
         with self._cv:
             self._consumer_step = global_step
             self._cv.notify_all()
+
+    def _submit(self, fn, *args):
+        """Run ``fn(*args)`` in the background build thread; returns its Future."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="hardbatch-refresh")
+        return self._executor.submit(fn, *args)
 
     def _ready(self, global_step: int) -> bool:
         """Whether the planner thread may generate ``global_step`` now (called under ``_cv``)."""
@@ -350,6 +376,12 @@ class GCBSSampler(_PlanSampler):
             paper's sequential order).
         device, precision: where and in which precision the similarity products run
             (see :func:`hardbatch.gcbs_permutation`).
+        refresh_lag: L >= 1 pipelines the epochs: the order of epoch e + 1 is built from
+            the embeddings snapshotted L steps before the end of epoch e (default 0: read
+            at the start of the epoch; 1 with ``background``).
+        background: build that order in a worker thread while epoch e finishes, so the
+            training loop does not wait for it at the epoch boundary; the same batches as
+            ``background=False`` with the same ``refresh_lag``.
         distributed: share the pair search across the ranks of ``process_group``
             (:func:`hardbatch.distributed.gcbs_permutation`; the same order as one
             process). None (default): on when torch.distributed is initialised and
@@ -364,17 +396,29 @@ class GCBSSampler(_PlanSampler):
                  nlist: int | None = None, nprobe: int = 8, partitions: int | None = None,
                  device: str | torch.device | None = None,
                  precision: Literal["fp32", "bf16", "fp16"] = "fp32",
+                 refresh_lag: int | None = None, background: bool = False,
                  distributed: bool | None = None, process_group=None,
                  rank: int | None = None, world_size: int | None = None) -> None:
         n, self._first = source_num_items(embeddings)
         super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
                          world_size=world_size)
+        self.background = bool(background)
+        lag = (1 if self.background else 0) if refresh_lag is None else refresh_lag
+        self.refresh_lag = check_int(lag, "refresh_lag", low=0)
+        if self.background and self.refresh_lag == 0:
+            raise ValueError("background=True needs refresh_lag >= 1 (steps before the end of "
+                             "an epoch at which the next epoch's order is snapshotted)")
+        if self.refresh_lag > len(self):
+            raise ValueError(f"refresh_lag={self.refresh_lag} must be at most the {len(self)} "
+                             "steps of an epoch")
         self.device = resolve_device(device)
         check_precision(precision)
         self.precision = precision
         self.process_group = process_group
         self.distributed = _resolve_distributed(distributed, process_group, self.rank,
                                                 self.world_size)
+        self._build_group = _build_group_for(self.distributed, self.background, process_group)
+        self._next_order: tuple | None = None  # (epoch, (order, batch order) or Future)
         if not 0.0 < float(quantile) < 1.0:
             raise ValueError(f"quantile={quantile} must lie strictly between 0 and 1")
         if method not in ("exact", "ivf", "faiss", "partition"):
@@ -388,43 +432,81 @@ class GCBSSampler(_PlanSampler):
         self._batch_order: np.ndarray | None = None
         self.last_refresh_seconds = 0.0
 
+    def _snapshot(self, copy: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """The embeddings now (a copy when the source may change before they are used)."""
+        x = self._first if self._first is not None else read_embeddings(self.source)
+        self._first = None
+        y = None if self.paired is None else read_embeddings(self.paired, "paired")
+        if copy:
+            x, y = np.array(x, np.float32), None if y is None else np.array(y, np.float32)
+        return x, y
+
+    def _build_order(self, x: np.ndarray, y: np.ndarray | None, epoch: int,
+                     group) -> tuple[np.ndarray, np.ndarray]:
+        """Epoch ``epoch``'s item order and batch order, from embeddings ``x`` (and ``y``)."""
+        t0 = time.perf_counter()
+        build = hbdist.gcbs_permutation if self.distributed else gcbs_permutation
+        kw = {"group": group} if self.distributed else {}
+        perm = build(x, self.quantile, y, method=self.method,
+                     seed=_rng.derive_seed(self.seed, epoch) & 0x7FFFFFFF,
+                     nlist=self.nlist, nprobe=self.nprobe, partitions=self.partitions,
+                     device=self.device, precision=self.precision, **kw)
+        nb = self.batches_per_epoch
+        batch_order = (_rng.permutation(nb, _rng.derive_seed(self.seed, epoch, 2))
+                       if self.shuffle_batches else np.arange(nb))
+        self.last_refresh_seconds = time.perf_counter() - t0
+        return perm.numpy(), batch_order
+
+    def _before_step(self, global_step: int) -> None:
+        super()._before_step(global_step)
+        steps = len(self)
+        epoch = (global_step + self.refresh_lag) // steps  # the next epoch
+        if self.refresh_lag and (global_step + self.refresh_lag) % steps == 0 and not (
+                self._next_order is not None and self._next_order[0] == epoch):
+            x, y = self._snapshot(copy=True)
+            if self.background:
+                job = self._submit(self._build_order, x, y, epoch, self._build_group)
+            else:
+                job = self._build_order(x, y, epoch, self.process_group)
+            self._next_order = (epoch, job)
+
     def _begin_epoch(self, fresh: bool) -> None:
         if not fresh and self._order is not None:
             return
         t0 = time.perf_counter()
-        x = self._first if self._first is not None else read_embeddings(self.source)
-        self._first = None
-        y = None if self.paired is None else read_embeddings(self.paired, "paired")
-        build = hbdist.gcbs_permutation if self.distributed else gcbs_permutation
-        kw = {"group": self.process_group} if self.distributed else {}
-        perm = build(x, self.quantile, y, method=self.method,
-                     seed=_rng.derive_seed(self.seed, self.epoch) & 0x7FFFFFFF,
-                     nlist=self.nlist, nprobe=self.nprobe, partitions=self.partitions,
-                     device=self.device,
-                     precision=self.precision, **kw)
-        self._order = perm.numpy()
-        nb = self.batches_per_epoch
-        self._batch_order = (_rng.permutation(nb, _rng.derive_seed(self.seed, self.epoch, 2))
-                             if self.shuffle_batches else np.arange(nb))
-        self.last_refresh_seconds = time.perf_counter() - t0
-        self.sampler_seconds += self.last_refresh_seconds
+        if self._next_order is not None and self._next_order[0] == self.epoch:
+            self._order, self._batch_order = _resolve(self._next_order[1])
+        else:  # the first epoch, or refresh_lag=0: the embeddings as they are now
+            x, y = self._snapshot(copy=False)
+            self._order, self._batch_order = self._build_order(x, y, self.epoch,
+                                                               self.process_group)
+        self._next_order = None
+        self.sampler_seconds += time.perf_counter() - t0
 
     def _generate(self, index: int, global_step: int) -> np.ndarray:
         b = int(self._batch_order[index % self.batches_per_epoch])
         return self._order[b * self.batch_size:(b + 1) * self.batch_size]
 
     def _generator_state(self, mid_epoch: bool) -> dict:
-        if not mid_epoch:
-            return {}
-        return {"order": torch.from_numpy(self._order.copy()),
-                "batch_order": torch.from_numpy(self._batch_order.copy())}
+        state = {}
+        if mid_epoch:
+            state = {"order": torch.from_numpy(self._order.copy()),
+                     "batch_order": torch.from_numpy(self._batch_order.copy())}
+        if self._next_order is not None:  # built from a snapshot that a resume cannot retake
+            order, batch_order = _resolve(self._next_order[1])
+            state.update(next_epoch=self._next_order[0], next_order=torch.from_numpy(order),
+                         next_batch_order=torch.from_numpy(batch_order))
+        return state
 
     def _load_generator_state(self, state: dict) -> None:
-        if state:
+        self._order = self._batch_order = self._next_order = None
+        if "order" in state:
             self._order = np.asarray(state["order"], np.int64)
             self._batch_order = np.asarray(state["batch_order"], np.int64)
-        else:
-            self._order = self._batch_order = None
+        if "next_order" in state:
+            self._next_order = (int(state["next_epoch"]),
+                                (np.asarray(state["next_order"], np.int64),
+                                 np.asarray(state["next_batch_order"], np.int64)))
 
     @property
     def coverage(self) -> float:
@@ -484,23 +566,16 @@ class _RefreshingSampler(_PlanSampler):
             raise ValueError("prefetch > 0 under torch.distributed needs background=True (graph "
                              "builds then use a process group of their own, off the training "
                              "loop's thread); pass background=True or prefetch=0")
-        self._build_group = process_group
-        if self.distributed and self.background:
-            ranks = None if process_group is None else \
-                torch.distributed.get_process_group_ranks(process_group)
-            self._build_group = torch.distributed.new_group(
-                ranks=ranks, backend=torch.distributed.get_backend(process_group))
+        self._build_group = _build_group_for(self.distributed, self.background, process_group)
         self._structure = None
         self._built_step = -1
         self._next: tuple | None = None  # (snapshot step, structure or Future)
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._walk_state: WalkState | None = None
         self.last_refresh_seconds = 0.0
         self.refreshes = 0
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        state["_executor"] = None
         if state["_next"] is not None:
             state["_next"] = (state["_next"][0], self._resolve_next())
         return state
@@ -557,11 +632,8 @@ class _RefreshingSampler(_PlanSampler):
         """Snapshot the source now; build (in the background thread if enabled) for later use."""
         x = self._read(copy=True)
         if self.background:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="hardbatch-refresh")
             group = self._build_group if self.distributed else None
-            nxt = (global_step, self._executor.submit(self._build, x, global_step, group))
+            nxt = (global_step, self._submit(self._build, x, global_step, group))
         else:
             group = self.process_group if self.distributed else None
             nxt = (global_step, self._build(x, global_step, group))
@@ -571,9 +643,8 @@ class _RefreshingSampler(_PlanSampler):
 
     def _resolve_next(self):
         step, structure = self._next
-        if isinstance(structure, concurrent.futures.Future):
-            structure = structure.result()
-            self._next = (step, structure)
+        structure = _resolve(structure)
+        self._next = (step, structure)
         return structure
 
     def _due(self, global_step: int) -> int:
@@ -617,10 +688,7 @@ class _RefreshingSampler(_PlanSampler):
                 if nxt is not None and nxt[0] == due:
                     self._next = None
             if nxt is not None and nxt[0] == due:
-                structure = nxt[1]
-                if isinstance(structure, concurrent.futures.Future):
-                    structure = structure.result()
-                self._install(structure)
+                self._install(_resolve(nxt[1]))
                 self._built_step = due
                 self.refreshes += 1
             else:
