@@ -207,7 +207,10 @@ def check_text_encoding(rank: int, world: int) -> None:
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
+    backend = os.environ.get("HARDBATCH_DIST_BACKEND", "gloo")  # "nccl" on a multi-GPU machine
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)  # the same embeddings on every rank
