@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     # where the time goes, and the extrapolated InfoNCE grid
     lines += ["", "### Where the time goes (InfoNCE runs; wall seconds per run, mean)", "",
               "Measured on a shared 2-core machine while other jobs ran (load average 4-9 on 2 "
-              "cores), one torch thread per run, two grid workers plus a timing probe in "
+              "cores), one torch thread per run, two grid workers plus other jobs in "
               "parallel: wall times are inflated by contention, CPU times are not (much).", "",
               "| dataset | source | " + " | ".join(PARTS) + " | wall/run | CPU/run |",
               "|---|---|" + "---|" * (len(PARTS) + 2)]
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
             lines.append(f"| {d} | not measured |" + " |" * (len(PARTS) + 2))
             continue
         src = (f"{len(full)} full runs" if full else
-               f"{len(probes)} probe(s), {probes[0]['config']['epochs']} epochs")
+               f"{len(probes)} short run(s), {probes[0]['config']['epochs']} epochs")
         parts = {k: statistics.fmean(r["timings_s"][k] for r in src_recs) for k in PARTS}
         wall = statistics.fmean(r["wall_time_s"] for r in src_recs)
         cpus = [r["cpu_time_s"] for r in src_recs if "cpu_time_s" in r]
@@ -287,8 +287,9 @@ def main(argv=None) -> int:
                                                            r["epoch_cpu_s"]) for r in with_cpu)
             svm_cpu = statistics.fmean(r.get("eval_svm_cpu_s", math.nan) for r in with_cpu)
             est_rows.append((d, f"{len(with_cpu)} full runs" if from_full else
-                             f"{len(with_cpu)} probe(s) of {with_cpu[0]['config']['epochs']} "
-                             "epochs, extrapolated", epoch_cpu,
+                             f"{len(with_cpu)} short recipe run(s) of "
+                             f"{with_cpu[0]['config']['epochs']} epochs (tag e<k>), "
+                             "extrapolated", epoch_cpu,
                              svm_cpu, est_wall, est_cpu))
     lines += ["", "### Extrapolated InfoNCE grid (6 datasets x 4 samplers x 5 seeds)", "",
               "Per run: fixed cost (bank init, evaluation) + median per-epoch time (after the "
@@ -302,32 +303,8 @@ def main(argv=None) -> int:
                      f"{fmt_time(est_cpu)} | {fmt_time(20 * est_cpu)} |")
     lines += ["", f"Sum over the {len(est_rows)} datasets with CPU timings: {fmt_time(total_cpu)} "
               f"of single-thread CPU time, i.e. about {fmt_time(total_cpu / 2)} on 2 idle cores "
-              "with two workers (goal: <= 4 h). Datasets without CPU timings are not in the sum."]
-    probe_file = results / "timing_probes.json"
-    if probe_file.is_file():
-        probes = json.loads(probe_file.read_text())
-        lines += ["", "### Training-only timing probes (no evaluation)", "",
-                  f"From `{probe_file}` (written by hand from `/tmp/train_probe.py`-style "
-                  "probes: a few epochs of training with the evaluation stubbed out). SVM CPU "
-                  "for these datasets is an *estimate* scaled from NCI1, marked as such.", "",
-                  "| dataset | sampler | train CPU s/epoch | epochs | train CPU/run | SVM CPU (est.) | "
-                  "run CPU (est.) | 20 runs, CPU (est.) |", "|---|---|---|---|---|---|---|---|"]
-        probe_total = 0.0
-        measured = {row[0] for row in est_rows}
-        for p in probes:
-            train = p["epoch_cpu"] * p["epochs"]
-            run = train + p["svm_cpu_estimate"]
-            if p["dataset"] not in measured:
-                probe_total += 20 * run
-            lines.append(f"| {p['dataset']} | {p['sampler']} | {p['epoch_cpu']:.1f} | "
-                         f"{p['epochs']} | {fmt_time(train)} | ~{fmt_time(p['svm_cpu_estimate'])} | "
-                         f"~{fmt_time(run)} | ~{fmt_time(20 * run)} |")
-        grand = total_cpu + probe_total
-        lines += ["", f"**Whole InfoNCE grid, measured + estimated: ~{fmt_time(grand)} of "
-                  f"single-thread CPU, i.e. ~{fmt_time(grand / 2)} on 2 idle cores with two "
-                  "workers** (goal <= 4 h; REDDIT-B / COLLAB SVM times are estimates). On the "
-                  "shared machine these runs got 15-50% of a core each, so the observed wall "
-                  "time is several times longer.", ""]
+              "with two workers (goal: <= 4 h). Datasets without CPU timings are not in the sum.",
+              ""]
     if VARIANTS:
         lines += ["## Variants (non-paper settings, same protocol otherwise)", "",
                   "Tags: `fdegree` = one-hot degree node features (capped at 64) instead of "
