@@ -334,7 +334,7 @@ def test_gcbs_background_equals_synchronous_pipelined_epochs(base):
         assert items == list(range(N))
 
 
-def test_gcbs_next_order_is_built_from_the_snapshot_lag_steps_before_the_end(base):
+def test_gcbs_next_is_built_from_the_snapshot_lag_steps_before_the_end(base):
     sampler = gcbs(True, 4)
     snapshots, builders = [], {}
     snapshot, build = sampler._snapshot, sampler._build_order
@@ -350,7 +350,7 @@ def test_gcbs_next_order_is_built_from_the_snapshot_lag_steps_before_the_end(bas
     sampler._snapshot, sampler._build_order = spy_snapshot, spy_build
     run(sampler, base, epochs=2)
     from hardbatch.samplers import _resolve
-    _resolve(sampler._next_order[1])  # epoch 2's order (not iterated) is built by now
+    _resolve(sampler._next[1])  # epoch 2's order (not iterated) is built by now
     steps = len(sampler)  # 25; the bank counts one update per step
     assert snapshots == [(0, False), (steps - 4, True), (2 * steps - 4, True)]
     assert builders[0] == threading.current_thread().name  # the first epoch: at its start
@@ -377,3 +377,16 @@ def test_gcbs_resume_between_epochs_keeps_the_pipelined_order(base):
 def test_bad_gcbs_pipelining(kwargs, match):
     with pytest.raises(ValueError, match=match):
         hb.GCBSSampler(hb.EmbeddingBank(N, D), B, **kwargs)
+
+
+def test_gcbs_sampler_with_an_order_building_in_the_background_pickles(base):
+    import pickle
+
+    sampler = gcbs(True, 3)
+    it = iter(sampler)
+    for _ in range(len(sampler) - 2):  # past the snapshot: epoch 1's order is being built
+        next(it)
+    copy = pickle.loads(pickle.dumps(sampler))
+    from hardbatch.samplers import _resolve
+    epoch, (order, batch_order) = copy._next
+    assert epoch == 1 and np.array_equal(order, _resolve(sampler._next[1])[0])

@@ -83,6 +83,17 @@ def _build_group_for(distributed: bool, background: bool, process_group):
                                        backend=torch.distributed.get_backend(process_group))
 
 
+def _check_pipelining(background: bool, refresh_lag: int | None, meaning: str) -> tuple[bool, int]:
+    """(background, refresh_lag) checked: the lag defaults to 1 with ``background``, else 0."""
+    background = bool(background)
+    lag = check_int((1 if background else 0) if refresh_lag is None else refresh_lag,
+                    "refresh_lag", low=0)
+    if background and lag == 0:
+        raise ValueError(f"background=True needs refresh_lag >= 1 ({meaning}); "
+                         "pass refresh_lag=1")
+    return background, lag
+
+
 def _resolve(structure):
     """A built structure, waiting for it if it is still being built in the background."""
     if isinstance(structure, concurrent.futures.Future):
@@ -111,6 +122,7 @@ class _PlanSampler(Sampler[list[int]]):
         self._yielded = 0
         self._active = False
         self.prefetch = check_int(prefetch, "prefetch", low=0)
+        self._next: tuple | None = None  # a build for later use: (key, result or its Future)
         self._init_planner()
 
     def _init_planner(self) -> None:
@@ -130,6 +142,8 @@ class _PlanSampler(Sampler[list[int]]):
         state = self.__dict__.copy()
         for key in ("_cv", "_plan_lock", "_planner", "_executor"):
             state[key] = None
+        if state.get("_next") is not None:  # a build still running in the background
+            state["_next"] = (state["_next"][0], _resolve(state["_next"][1]))
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -402,12 +416,9 @@ class GCBSSampler(_PlanSampler):
         n, self._first = source_num_items(embeddings)
         super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
                          world_size=world_size)
-        self.background = bool(background)
-        lag = (1 if self.background else 0) if refresh_lag is None else refresh_lag
-        self.refresh_lag = check_int(lag, "refresh_lag", low=0)
-        if self.background and self.refresh_lag == 0:
-            raise ValueError("background=True needs refresh_lag >= 1 (steps before the end of "
-                             "an epoch at which the next epoch's order is snapshotted)")
+        self.background, self.refresh_lag = _check_pipelining(
+            background, refresh_lag, "steps before the end of an epoch at which the next "
+            "epoch's order is snapshotted")
         if self.refresh_lag > len(self):
             raise ValueError(f"refresh_lag={self.refresh_lag} must be at most the {len(self)} "
                              "steps of an epoch")
@@ -418,7 +429,6 @@ class GCBSSampler(_PlanSampler):
         self.distributed = _resolve_distributed(distributed, process_group, self.rank,
                                                 self.world_size)
         self._build_group = _build_group_for(self.distributed, self.background, process_group)
-        self._next_order: tuple | None = None  # (epoch, (order, batch order) or Future)
         if not 0.0 < float(quantile) < 1.0:
             raise ValueError(f"quantile={quantile} must lie strictly between 0 and 1")
         if method not in ("exact", "ivf", "faiss", "partition"):
@@ -462,25 +472,25 @@ class GCBSSampler(_PlanSampler):
         steps = len(self)
         epoch = (global_step + self.refresh_lag) // steps  # the next epoch
         if self.refresh_lag and (global_step + self.refresh_lag) % steps == 0 and not (
-                self._next_order is not None and self._next_order[0] == epoch):
+                self._next is not None and self._next[0] == epoch):
             x, y = self._snapshot(copy=True)
             if self.background:
                 job = self._submit(self._build_order, x, y, epoch, self._build_group)
             else:
                 job = self._build_order(x, y, epoch, self.process_group)
-            self._next_order = (epoch, job)
+            self._next = (epoch, job)
 
     def _begin_epoch(self, fresh: bool) -> None:
         if not fresh and self._order is not None:
             return
         t0 = time.perf_counter()
-        if self._next_order is not None and self._next_order[0] == self.epoch:
-            self._order, self._batch_order = _resolve(self._next_order[1])
+        if self._next is not None and self._next[0] == self.epoch:
+            self._order, self._batch_order = _resolve(self._next[1])
         else:  # the first epoch, or refresh_lag=0: the embeddings as they are now
             x, y = self._snapshot(copy=False)
             self._order, self._batch_order = self._build_order(x, y, self.epoch,
                                                                self.process_group)
-        self._next_order = None
+        self._next = None
         self.sampler_seconds += time.perf_counter() - t0
 
     def _generate(self, index: int, global_step: int) -> np.ndarray:
@@ -492,19 +502,19 @@ class GCBSSampler(_PlanSampler):
         if mid_epoch:
             state = {"order": torch.from_numpy(self._order.copy()),
                      "batch_order": torch.from_numpy(self._batch_order.copy())}
-        if self._next_order is not None:  # built from a snapshot that a resume cannot retake
-            order, batch_order = _resolve(self._next_order[1])
-            state.update(next_epoch=self._next_order[0], next_order=torch.from_numpy(order),
+        if self._next is not None:  # built from a snapshot that a resume cannot retake
+            order, batch_order = _resolve(self._next[1])
+            state.update(next_epoch=self._next[0], next_order=torch.from_numpy(order),
                          next_batch_order=torch.from_numpy(batch_order))
         return state
 
     def _load_generator_state(self, state: dict) -> None:
-        self._order = self._batch_order = self._next_order = None
+        self._order = self._batch_order = self._next = None
         if "order" in state:
             self._order = np.asarray(state["order"], np.int64)
             self._batch_order = np.asarray(state["batch_order"], np.int64)
         if "next_order" in state:
-            self._next_order = (int(state["next_epoch"]),
+            self._next = (int(state["next_epoch"]),
                                 (np.asarray(state["next_order"], np.int64),
                                  np.asarray(state["next_batch_order"], np.int64)))
 
@@ -549,12 +559,8 @@ class _RefreshingSampler(_PlanSampler):
             refresh_every, "refresh_every", low=1)
         self.source = embeddings
         self.normalize = bool(normalize)
-        self.background = bool(background)
-        lag = (1 if self.background else 0) if refresh_lag is None else refresh_lag
-        self.refresh_lag = check_int(lag, "refresh_lag", low=0)
-        if self.background and self.refresh_lag == 0:
-            raise ValueError("background=True needs refresh_lag >= 1 (steps between the "
-                             "snapshot and the use of the new graph); pass refresh_lag=1")
+        self.background, self.refresh_lag = _check_pipelining(
+            background, refresh_lag, "steps between the snapshot and the use of the new graph")
         if self.refresh_lag and self.refresh_every is not None and \
                 self.refresh_lag >= self.refresh_every:
             raise ValueError(f"refresh_lag={self.refresh_lag} must be smaller than "
@@ -569,16 +575,9 @@ class _RefreshingSampler(_PlanSampler):
         self._build_group = _build_group_for(self.distributed, self.background, process_group)
         self._structure = None
         self._built_step = -1
-        self._next: tuple | None = None  # (snapshot step, structure or Future)
         self._walk_state: WalkState | None = None
         self.last_refresh_seconds = 0.0
         self.refreshes = 0
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        if state["_next"] is not None:
-            state["_next"] = (state["_next"][0], self._resolve_next())
-        return state
 
     # -- subclass hooks ------------------------------------------------
     def _rebuild(self, x: np.ndarray, seed: int, group) -> object:

@@ -37,6 +37,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from .. import distributed as hbdist
+from ..graph import shard_range
 from ..samplers import GCBSSampler, KNNBatchSampler, ProximityGraphSampler, UniformBatchSampler
 
 __all__ = [
@@ -91,9 +93,6 @@ class TextEmbeddingSource:
         if self.initial is not None:  # precomputed embeddings stand in for the first pass
             out, self.initial = self.initial, None
             return out
-        from .. import distributed as hbdist
-        from ..graph import shard_range
-
         sharded = hbdist.is_distributed(self.process_group) if self.shard is None else self.shard
         texts = self.texts
         if sharded:
