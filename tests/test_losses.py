@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,8 @@ KINDS = ["infonce", "debiased", "hard_negative", "sscl"]
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
-    return x / x.norm(dim=1, keepdim=True)
+    """Rows divided by their norm; an all-zero row stays zero (as with F.normalize)."""
+    return x / x.norm(dim=-1, keepdim=True).clamp(min=1e-12)
 
 
 def reference(
@@ -47,12 +49,14 @@ def reference(
     mix=True,
     seed=0,
     detach_weights=False,
+    detach_synthetic=False,
 ):
     """Per-row losses in float64 with explicit exp / sum / log and Python loops (as in the papers).
 
     SSCL: the row's negatives sorted by decreasing similarity, ``count = min(hardest, N)``;
     synthetic ``p`` of row ``r`` uses ``(u1, u2, a) = torch.rand(R, k, 3, generator=seed)[r, p]``
-    (float32) and mixes ``hard[floor(u1 count)]`` and ``hard[floor(u2 count)]``.
+    (float32) and mixes ``hard[floor(u1 count)]`` and ``hard[floor(u2 count)]`` into an explicit
+    vector ``h``, mixed then normalised; ``detach_synthetic`` detaches ``h`` (the released code).
     """
     a, p = anchor.double(), positive.double()
     bank = None if bank is None else bank.double()
@@ -99,9 +103,10 @@ def reference(
                 if mix:
                     alpha = alpha.double()
                     h = alpha * vi + (1 - alpha) * vj
-                    synth.append(h / h.norm() if normalize else h)
+                    h = _unit(h) if normalize else h
                 else:
-                    synth.append(vi)
+                    h = vi
+                synth.append(h.detach() if detach_synthetic else h)
             negs = negs + synth
         n = len(negs)
         if n == 0:
@@ -346,6 +351,7 @@ def test_module_defaults():
         8,
         True,
     )
+    assert (s.detach_weights, s.detach_synthetic) == (False, False)
     assert "hardest=32" in repr(s)
 
 
@@ -407,6 +413,79 @@ def test_detach_weights(kind, form):
     assert not torch.allclose(grads[0], grads[1])
 
 
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("mix", [True, False])
+@pytest.mark.parametrize("variant", ["plain", "labels+bank", "raw"])
+def test_sscl_detach_synthetic(form, mix, variant):
+    """Same value bit for bit; the gradient is that of <q, stopgrad(h)> / t (the released code)."""
+    a, p = pair(b=6, d=4, seed=16)
+    kw = {"form": form, "temperature": 0.3, "tau_plus": 0.1, "beta": 0.8, "hardest": 4,
+          "synthetic": 3, "mix": mix, "seed": 6}
+    bank = None
+    if variant == "labels+bank":
+        kw["labels"] = torch.tensor([0, 1, 0, 2, 1, 3])
+        bank = torch.randn(3, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    if variant == "raw":
+        kw["normalize"] = False
+        a, p = _unit(a), _unit(p)
+    values, grads = [], []
+    for detach in (False, True):
+        x, y = a.clone().requires_grad_(True), p.clone().requires_grad_(True)
+        n = None if bank is None else bank.clone().requires_grad_(True)
+        loss = call("sscl", x, y, negatives=n, detach_synthetic=detach, reduction="none", **kw)
+        got = torch.autograd.grad(loss.sum(), [x, y] + ([] if n is None else [n]))
+        xr, yr = a.clone().requires_grad_(True), p.clone().requires_grad_(True)
+        nr = None if bank is None else bank.clone().requires_grad_(True)
+        ref = reference(xr, yr, detach_synthetic=detach, **ref_kwargs("sscl", negatives=nr, **kw))
+        expected = torch.autograd.grad(ref.sum(), [xr, yr] + ([] if nr is None else [nr]))
+        torch.testing.assert_close(loss, ref, rtol=0, atol=1e-10)
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, rtol=0, atol=1e-8)
+        values.append(loss)
+        grads.append(torch.cat([g.flatten() for g in got]))
+    assert torch.equal(values[0], values[1])
+    assert not torch.allclose(grads[0], grads[1])  # the keys' gradients differ
+
+
+def test_sscl_detach_synthetic_module():
+    a, p = pair(b=5, d=4, seed=17)
+    module = SSCLLoss(0.3, hardest=3, synthetic=2, detach_synthetic=True,
+                      generator=torch.Generator().manual_seed(2))
+    assert module.detach_synthetic and "detach_synthetic=True" in repr(module)
+    x = a.clone().requires_grad_(True)
+    module(x, p).backward()
+    y = a.clone().requires_grad_(True)
+    sscl_loss(y, p, temperature=0.3, hardest=3, synthetic=2, detach_synthetic=True,
+              generator=torch.Generator().manual_seed(2)).backward()
+    assert torch.equal(x.grad, y.grad)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("detach", [False, True])
+def test_sscl_all_zero_key(form, detach):
+    """An all-zero key (F.normalize leaves it zero) mixes as an explicit zero vector.
+
+    Zero rows only where they are keys and not queries (a bank row; a positive in the SimCSE
+    form): a zero query's logits all tie at 0, so its hardest negatives are not unique.
+    """
+    a, p = pair(b=4, d=3, seed=18)
+    bank = torch.randn(3, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    bank[1] = 0.0
+    if form == "simcse":
+        p[2] = 0.0
+    kw = {"form": form, "tau_plus": 0.0, "beta": 0.0, "hardest": 9, "synthetic": 8, "seed": 3}
+    x, y, n = (t.clone().requires_grad_(True) for t in (a, p, bank))
+    loss = call("sscl", x, y, negatives=n, reduction="none", detach_synthetic=detach, **kw)
+    got = torch.autograd.grad(loss.sum(), [x, y, n])
+    xr, yr, nr = (t.clone().requires_grad_(True) for t in (a, p, bank))
+    ref = reference(xr, yr, detach_synthetic=detach, **ref_kwargs("sscl", negatives=nr, **kw))
+    expected = torch.autograd.grad(ref.sum(), [xr, yr, nr])
+    torch.testing.assert_close(loss, ref, rtol=0, atol=1e-10)
+    # A zero row's gradient is ~1e11 (F.normalize divides by eps = 1e-12): compare relatively.
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-8)
+
+
 # --------------------------------------------------------------------------- precision
 
 
@@ -452,6 +531,28 @@ def test_float32_extreme_temperature(kind):
     torch.testing.assert_close(
         got.double(), reference(a, p, **ref_kwargs(kind, **kw)), rtol=1e-4, atol=1e-3
     )
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_autocast_is_disabled_inside(kind, form):
+    """Under bf16 autocast (mixed-precision trainers) float32 inputs give the same loss."""
+    gen = torch.Generator().manual_seed(19)
+    a = torch.randn(24, 32, generator=gen)
+    p = 0.3 * a + torch.randn(24, 32, generator=gen)
+    kw = {"form": form, "temperature": 0.05, "hardest": 4, "synthetic": 3, "seed": 2,
+          "labels": torch.arange(24) % 5, "negatives": torch.randn(4, 32, generator=gen)}
+    results = []
+    for autocast in (False, True):
+        x = a.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = call(kind, x, p, reduction="none", **kw)
+            assert torch.is_autocast_cpu_enabled() == autocast  # restored on the way out
+        loss.sum().backward()
+        results.append((loss, x.grad))
+    assert results[1][0].dtype == torch.float32
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
 
 
 # --------------------------------------------------------------------------- labels and masking
@@ -543,6 +644,56 @@ def test_memory_bank_only_adds_negatives():
     torch.testing.assert_close(empty, info_nce(a, p, form="simcse", reduction="none"))
 
 
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("labelled", [False, True])
+def test_single_pair_with_negatives(kind, form, labelled):
+    """B = 1 is allowed when ``negatives`` gives the pair something to be contrasted with."""
+    a, p = pair(b=1, d=5, seed=20)
+    bank = torch.randn(3, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    kw = {"form": form, "temperature": 0.3, "tau_plus": 0.1, "beta": 0.7, "hardest": 2,
+          "synthetic": 3, "seed": 1, "labels": torch.tensor([7]) if labelled else None}
+    x, y, n = (t.clone().requires_grad_(True) for t in (a, p, bank))
+    loss = call(kind, x, y, negatives=n, reduction="none", **kw)
+    assert loss.shape == (2 if form == "simclr" else 1,)
+    got = torch.autograd.grad(loss.sum(), [x, y, n])
+    xr, yr, nr = (t.clone().requires_grad_(True) for t in (a, p, bank))
+    ref = reference(xr, yr, **ref_kwargs(kind, negatives=nr, **kw))
+    expected = torch.autograd.grad(ref.sum(), [xr, yr, nr])
+    torch.testing.assert_close(loss, ref, rtol=0, atol=1e-10)
+    for g, e in zip(got, expected):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, e, rtol=0, atol=1e-8)
+
+
+def test_finite_float_and_bool_labels_accepted():
+    a, p = pair(b=6, seed=21)
+    ids = torch.tensor([0, 1, 0, 2, 1, 2])
+    expected = info_nce(a, p, labels=ids, reduction="none")
+    torch.testing.assert_close(info_nce(a, p, labels=ids.double(), reduction="none"), expected)
+    flags = torch.tensor([True, False, True, False, False, True])
+    torch.testing.assert_close(
+        info_nce(a, p, labels=flags, reduction="none"),
+        info_nce(a, p, labels=flags.long(), reduction="none"),
+    )
+
+
+def test_numpy_and_tensor_hyperparameters():
+    """numpy scalars and 0-d tensors work where Python numbers do (same result)."""
+    a, p = pair(b=6, seed=22)
+    kw = {"temperature": 0.25, "tau_plus": 0.125, "beta": 0.5, "hardest": 3, "synthetic": 2}
+    expected = sscl_loss(a, p, generator=torch.Generator().manual_seed(0), **kw)
+    for converted in (
+        {"temperature": np.float32(0.25), "hardest": np.int64(3), "synthetic": np.int32(2)},
+        {"temperature": torch.tensor(0.25), "tau_plus": np.float32(0.125),
+         "beta": torch.tensor(0.5, dtype=torch.float64)},
+    ):
+        got = sscl_loss(a, p, generator=torch.Generator().manual_seed(0), **{**kw, **converted})
+        assert torch.equal(got, expected)
+    module = SSCLLoss(np.float32(0.25), np.float32(0.125), hardest=np.int64(3))
+    assert type(module.hardest) is int and module.temperature == 0.25 and module.tau_plus == 0.125
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -558,7 +709,25 @@ def _bad(**over):
     [
         (info_nce, _bad(positive=torch.randn(4, 5, dtype=torch.float64)), "same shape"),
         (info_nce, _bad(anchor=torch.randn(4)), "anchor must be a 2-D"),
-        (info_nce, _bad(anchor=torch.randn(1, 3), positive=torch.randn(1, 3)), "B >= 2"),
+        (info_nce, _bad(anchor=torch.randn(1, 3), positive=torch.randn(1, 3)), "drop_last"),
+        (
+            info_nce,
+            _bad(anchor=torch.randn(1, 3), positive=torch.randn(1, 3), negatives=torch.ones(0, 3)),
+            "B >= 2",
+        ),
+        (info_nce, _bad(anchor=torch.randn(4, 0), positive=torch.randn(4, 0)), "d >= 1"),
+        (info_nce, _bad(positive=torch.randn(4, 3, device="meta")), "anchor and positive.*device"),
+        (info_nce, _bad(negatives=torch.randn(2, 3, device="meta")), "negatives.*device"),
+        (info_nce, _bad(labels=torch.tensor([0.0, float("nan"), 1.0, 2.0])), "labels.*NaN"),
+        (info_nce, _bad(labels=torch.tensor([0.0, float("inf"), 1.0, 2.0])), "labels.*NaN"),
+        (info_nce, _bad(temperature=True), "temperature"),
+        (info_nce, _bad(temperature=torch.tensor([0.5, 0.2])), "temperature"),
+        (info_nce, _bad(temperature="0.5"), "temperature"),
+        (info_nce, _bad(temperature=torch.tensor(0.5, requires_grad=True)), "temperature.*grad"),
+        (debiased_info_nce, _bad(tau_plus=float("nan")), "tau_plus"),
+        (hard_negative_info_nce, _bad(beta=float("inf")), "beta"),
+        (sscl_loss, _bad(hardest=True), "hardest"),
+        (sscl_loss, _bad(synthetic=np.float64(2.0)), "synthetic"),
         (info_nce, _bad(anchor=torch.ones(4, 3, dtype=torch.long)), "floating point"),
         (info_nce, _bad(temperature=0.0), "temperature"),
         (info_nce, _bad(temperature=-1.0), "temperature"),

@@ -88,6 +88,44 @@ def test_equals_multiple_negatives_ranking_loss(columns, scale):
         torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("columns", [2, 3])
+def test_single_pair_batch_matches_mnrl(columns):
+    """A final 1-pair batch (drop_last=False): 0 without hard negatives, the real loss with."""
+    mnrl_cls = _mnrl()
+    gen = torch.Generator().manual_seed(10 + columns)
+    embeddings = [
+        torch.randn(1, 12, generator=gen, dtype=torch.float64, requires_grad=True)
+        for _ in range(columns)
+    ]
+    mnrl = mnrl_cls(torch.nn.Identity(), scale=20.0).compute_loss_from_embeddings(embeddings, None)
+    got = SentenceTransformerLoss(torch.nn.Identity(), "infonce").compute_loss_from_embeddings(
+        embeddings, None
+    )
+    assert got.requires_grad
+    torch.testing.assert_close(got, mnrl, rtol=0, atol=1e-12)
+    grads = torch.autograd.grad(got, embeddings, allow_unused=True)
+    expected = torch.autograd.grad(mnrl, embeddings)
+    for g, e in zip(grads, expected):
+        assert g is not None
+        torch.testing.assert_close(g, e, rtol=0, atol=1e-12)
+    if columns == 2:
+        assert got.item() == 0.0 and all((g == 0).all() for g in grads)
+
+
+@pytest.mark.parametrize("name", ["infonce", "debiased", "hard_negative", "sscl"])
+def test_single_pair_batch_every_loss(name):
+    e = [torch.randn(1, 4, requires_grad=True) for _ in range(3)]
+    loss = SentenceTransformerLoss(torch.nn.Identity(), name)
+    zero = loss.compute_loss_from_embeddings(e[:2], torch.tensor([1]))
+    zero.backward()
+    assert zero.item() == 0.0 and zero.dtype == torch.float32
+    assert torch.equal(e[0].grad, torch.zeros_like(e[0]))
+    real = loss.compute_loss_from_embeddings(e, None)
+    assert torch.isfinite(real) and real > 0
+    # One negative: SSCL's synthetic ones are all that negative, so no generator is needed.
+    torch.testing.assert_close(real, loss.loss(e[0], e[1], negatives=e[2]))
+
+
 def test_adapter_options_and_errors():
     e = [torch.randn(6, 4) for _ in range(3)]
     labels = torch.tensor([0, 0, 1, 1, 2, 2])

@@ -8,10 +8,13 @@ positive pair) and compares each anchor with its positive against a set of negat
   ``[2B]``: rows ``0..B-1`` use ``anchor[i]`` as the anchor, rows ``B..2B-1`` use ``positive[i]``.
 * ``form="simcse"`` (SimCSE / GraphCL / MultipleNegativesRankingLoss, eq. 17): each anchor is
   contrasted with all ``B`` positives, so it has ``B - 1`` negatives. Per-row losses are ``[B]``.
+  GraphCL's released ``loss_cal`` also leaves the positive out of the denominator
+  (``-log(pos / sum_j neg_ij)``), which this form does not.
 
 Optional ``labels`` ``[B]`` mask known false negatives (no item with the anchor's label is ever a
 negative; the positive pair stays the positive), optional ``negatives`` ``[m, d]`` (a memory bank as
-in MoCo, or explicit hard negatives) are appended to every anchor's negatives.
+in MoCo, or explicit hard negatives) are appended to every anchor's negatives. ``B >= 2`` is needed
+without ``negatives``; with at least one row of them a single pair (``B = 1``) is enough.
 
 Writing ``pos = exp(s_i+ / t)`` and ``neg_ij = exp(s_ij / t)`` (cosine similarities ``s`` when
 ``normalize=True``) and ``N`` for the number of negatives of row ``i``:
@@ -28,7 +31,8 @@ Writing ``pos = exp(s_i+ / t)`` and ``neg_ij = exp(s_ij / t)`` (cosine similarit
 Everything is evaluated in log space: ``log sum exp`` with per-row max shifts, the debiasing
 subtraction as ``log S + log(1 - tau_plus N pos / S)`` and the clamp as a maximum of logs, so fp16 /
 bf16 inputs at ``t = 0.05`` (where ``exp(1 / t)`` overflows fp16) stay finite. Half-precision inputs
-are computed in float32 and the loss is returned in float32.
+are computed in float32 and the loss is returned in float32; ``torch.autocast`` is disabled inside
+the losses, so under mixed precision float32 inputs give the same loss as outside it.
 
 The ``torch.nn.Module`` classes take the two views positionally, ``loss(out0, out1)``, like the
 lightly losses (``NTXentLoss``), and class ``labels`` as a keyword, like pytorch-metric-learning.
@@ -39,7 +43,9 @@ bank) have loss ``-log(pos / pos) = 0`` and zero gradient; ``reduction="mean"`` 
 
 from __future__ import annotations
 
+import functools
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,32 +77,43 @@ _LOG_HALF = -math.log(2.0)
 # --------------------------------------------------------------------------- validation
 
 
-def _check_temperature(temperature: float) -> None:
-    if (
-        not isinstance(temperature, (int, float))
-        or not math.isfinite(temperature)
-        or temperature <= 0
-    ):
-        raise ValueError(
-            f"temperature must be a finite number > 0 (e.g. 0.5 for SimCLR, 0.05 for SimCSE), "
-            f"got {temperature!r}"
-        )
+def _as_real(name: str, value: object, hint: str) -> float:
+    """``value`` as a Python float: ints, floats, numpy scalars and 0-d tensors; not bools."""
+    if isinstance(value, Tensor) and value.dim() == 0 and not value.is_complex():
+        if value.requires_grad:  # float() would silently cut a learnable value off its gradient
+            raise ValueError(
+                f"{name} must be a constant, got a tensor that requires grad; learnable values "
+                f"are not supported, pass float({name}) to use its current value"
+            )
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be {hint}, got {value!r}")
+    return float(value)
 
 
-def _check_tau_plus(tau_plus: float) -> None:
-    if not isinstance(tau_plus, (int, float)) or not 0.0 <= tau_plus < 1.0:
-        raise ValueError(
-            f"tau_plus (class prior of false negatives) must be in [0, 1), e.g. 0.1; "
-            f"got {tau_plus!r}"
-        )
+def _check_temperature(temperature: float) -> float:
+    """The validated temperature as a float (also takes numpy scalars and 0-d tensors)."""
+    hint = "a finite number > 0 (e.g. 0.5 for SimCLR, 0.05 for SimCSE)"
+    t = _as_real("temperature", temperature, hint)
+    if not math.isfinite(t) or t <= 0:
+        raise ValueError(f"temperature must be {hint}, got {temperature!r}")
+    return t
 
 
-def _check_beta(beta: float) -> None:
-    if not isinstance(beta, (int, float)) or not math.isfinite(beta) or beta < 0:
-        raise ValueError(
-            f"beta (hardness concentration) must be a finite number >= 0 (0 disables the "
-            f"reweighting), got {beta!r}"
-        )
+def _check_tau_plus(tau_plus: float) -> float:
+    hint = "in [0, 1) (class prior of false negatives), e.g. 0.1"
+    value = _as_real("tau_plus", tau_plus, hint)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"tau_plus must be {hint}, got {tau_plus!r}")
+    return value
+
+
+def _check_beta(beta: float) -> float:
+    hint = "a finite number >= 0 (hardness concentration; 0 disables the reweighting)"
+    value = _as_real("beta", beta, hint)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"beta must be {hint}, got {beta!r}")
+    return value
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -104,15 +121,19 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"unknown {name} {value!r}; use one of {', '.join(map(repr, choices))}")
 
 
-def _check_sscl(hardest: int, synthetic: int) -> None:
+def _check_sscl(hardest: int, synthetic: int) -> tuple[int, int]:
+    """The validated ``(hardest, synthetic)`` as Python ints (numpy integers accepted)."""
+    out = []
     for name, value in (("hardest", hardest), ("synthetic", synthetic)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
             raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    if synthetic > 0 and hardest == 0:
+        out.append(int(value))
+    if out[1] > 0 and out[0] == 0:
         raise ValueError(
             "hardest must be >= 1 when synthetic > 0 (synthetic negatives are mixed from the "
             "hardest ones); set synthetic=0 to disable them"
         )
+    return out[0], out[1]
 
 
 def _check_finite(name: str, x: Tensor) -> None:
@@ -141,16 +162,27 @@ def _check_embeddings(
             f"anchor and positive must have the same shape [B, d] (row i of each is a positive "
             f"pair), got {tuple(anchor.shape)} and {tuple(positive.shape)}"
         )
-    if anchor.shape[0] < 2:
+    if anchor.shape[1] == 0:
         raise ValueError(
-            f"need a batch of at least 2 pairs (B >= 2) for in-batch negatives, "
-            f"got B={anchor.shape[0]}"
+            f"anchor and positive must have at least one feature (d >= 1), got shape "
+            f"{tuple(anchor.shape)}"
         )
-    if labels is not None and (
-        not isinstance(labels, Tensor) or labels.shape != (anchor.shape[0],)
-    ):
-        shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
-        raise ValueError(f"labels must be a 1-D tensor [B] = [{anchor.shape[0]}], got {shape}")
+    if anchor.device != positive.device:
+        raise ValueError(
+            f"anchor and positive must be on the same device, got {anchor.device} and "
+            f"{positive.device}; move them with .to(device)"
+        )
+    if labels is not None:
+        if not isinstance(labels, Tensor) or labels.shape != (anchor.shape[0],):
+            shape = tuple(labels.shape) if isinstance(labels, Tensor) else type(labels).__name__
+            raise ValueError(
+                f"labels must be a 1-D tensor [B] = [{anchor.shape[0]}], got {shape}"
+            )
+        # NaN != NaN would make an item a negative of itself and of its positive.
+        if labels.is_floating_point() and not bool(torch.isfinite(labels).all()):
+            raise ValueError(
+                "labels contains NaN or inf values; use integer class ids (or finite floats)"
+            )
     if negatives is not None:
         if (
             not isinstance(negatives, Tensor)
@@ -169,6 +201,19 @@ def _check_embeddings(
             raise ValueError(
                 f"negatives must be a floating point tensor, got dtype {negatives.dtype}"
             )
+        if negatives.device != anchor.device:
+            raise ValueError(
+                f"negatives must be on the device of anchor and positive ({anchor.device}), "
+                f"got {negatives.device}; move them with .to(device)"
+            )
+    # With extra negatives a single pair still has something to be contrasted with.
+    has_bank = negatives is not None and negatives.shape[0] > 0
+    if anchor.shape[0] < (1 if has_bank else 2):
+        raise ValueError(
+            f"need a batch of at least 2 pairs (B >= 2) for in-batch negatives, or B >= 1 with "
+            f"at least one row of negatives, got B={anchor.shape[0]}"
+            + ("" if has_bank else "; use drop_last=True in the DataLoader or pass negatives")
+        )
     if check_finite:
         _check_finite("anchor", anchor)
         _check_finite("positive", positive)
@@ -193,6 +238,8 @@ class _Logits:
     num_neg: Tensor | int  # [R] (labels given) or one int for every row
     has_neg: Tensor | None  # [R] bool, None when every row has a negative
     keys: Tensor  # [C, d]
+    queries: Tensor  # [R, d], already divided by t (logits = queries @ keys.T)
+    temperature: float
 
 
 class _Exclude(torch.autograd.Function):
@@ -275,6 +322,37 @@ class _WeightedLogSumExp(torch.autograd.Function):
         return (None, None, *grads)
 
 
+def _autocast_enabled(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4: no device argument
+        if device_type == "cpu":
+            return torch.is_autocast_cpu_enabled()
+        return device_type == "cuda" and torch.is_autocast_enabled()
+    except RuntimeError:  # a device type autocast does not know (e.g. "meta")
+        return False
+
+
+def _without_autocast(fn):
+    """Run the loss ``fn(anchor, ...)`` with autocast disabled on the anchor's device.
+
+    Under ``torch.autocast`` (mixed-precision trainers) the logit matmuls would otherwise run in
+    bf16 / fp16; disabling it keeps the promise that half precision is computed in float32, and a
+    float32 input gives the same loss inside and outside autocast. Outside autocast, ``fn`` runs
+    as is.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        anchor = args[0] if args else kwargs.get("anchor")
+        if not isinstance(anchor, Tensor) or not _autocast_enabled(anchor.device.type):
+            return fn(*args, **kwargs)
+        with torch.autocast(device_type=anchor.device.type, enabled=False):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def _compute_dtype(*xs: Tensor) -> torch.dtype:
     dtype = xs[0].dtype
     for x in xs[1:]:
@@ -293,7 +371,7 @@ def _build_logits(
     normalize: bool,
     check_finite: bool,
 ) -> _Logits:
-    _check_temperature(temperature)
+    temperature = _check_temperature(temperature)
     _check_choice("form", form, _FORMS)
     _check_embeddings(anchor, positive, labels, negatives, check_finite)
 
@@ -314,7 +392,8 @@ def _build_logits(
         batch_keys, queries = zp, za
     keys = batch_keys if bank is None else torch.cat([batch_keys, bank])
     # Scaling the [R, d] queries is cheaper than scaling the [R, C] logits.
-    logits = (queries / temperature) @ keys.T
+    queries = queries / temperature
+    logits = queries @ keys.T
     rows, cb = queries.shape[0], batch_keys.shape[0]
 
     if labels is None:
@@ -326,7 +405,7 @@ def _build_logits(
         else:
             excluded = (idx, idx)
         logits = _Exclude.apply(logits, excluded, None)
-        return _Logits(logits, log_pos, num_neg, None, keys)
+        return _Logits(logits, log_pos, num_neg, None, keys, queries, temperature)
 
     labels = labels.to(logits.device)
     row_labels = torch.cat([labels, labels]) if form == "simclr" else labels
@@ -347,7 +426,7 @@ def _build_logits(
     if m:
         same = torch.cat([same, same.new_zeros(rows, m)], dim=1)
     logits = _Exclude.apply(logits, None, same)
-    return _Logits(logits, log_pos, num_neg, has_neg, keys)
+    return _Logits(logits, log_pos, num_neg, has_neg, keys, queries, temperature)
 
 
 def _log_negative_sum(
@@ -494,12 +573,45 @@ class _TakeAlongRows(torch.autograd.Function):
         return out.view(ctx.shape), None
 
 
+class _QueryOnlyGrad(torch.autograd.Function):
+    """Synthetic logits ``value[r, p] = <q_r, h_rp>`` whose gradient reaches the queries only.
+
+    ``h_rp = sum_c weights[r, p, c] keys[cols[r, p, c]]`` (``cols``, ``weights``: ``[R, k, n]``)
+    is a constant, as in the released SSCL code, which detaches its synthetic negatives;
+    ``value`` ``[R, k]`` is computed by the caller from the logits and returned unchanged. The
+    backward is ``grad_queries = S keys`` with the sparse ``[R, C]`` matrix ``S`` holding
+    ``grad[r, p] weights[r, p, c]`` at ``(r, cols[r, p, c])``: no ``[R, k, d]`` tensor is built.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, queries: Tensor, value: Tensor, keys: Tensor, cols: Tensor, weights: Tensor
+    ) -> Tensor:
+        ctx.save_for_backward(keys, cols, weights)
+        return value.clone()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
+        keys, cols, weights = ctx.saved_tensors
+        rows = cols.shape[0]
+        row_idx = torch.arange(rows, device=cols.device)[:, None].expand(rows, cols[0].numel())
+        pairs = torch.sparse_coo_tensor(
+            torch.stack([row_idx.flatten(), cols.flatten()]),
+            (grad[..., None] * weights).flatten().to(keys.dtype),
+            (rows, keys.shape[0]),
+            check_invariants=False,
+        )
+        return torch.sparse.mm(pairs, keys), None, None, None, None
+
+
 def _synthetic_logits(
     core: _Logits,
     hardest: int,
     synthetic: int,
     mix: bool,
     normalize: bool,
+    detach: bool,
     generator: torch.Generator | None,
 ) -> tuple[Tensor, Tensor | int]:
     """SSCL eq. 2: ``k = synthetic`` negatives per row, mixed from its ``s = hardest`` hardest ones.
@@ -507,10 +619,13 @@ def _synthetic_logits(
     Returns their logits ``[R, k]`` (``-inf`` for rows without negatives) and how many were added
     per row. For ``h = a z_i + (1 - a) z_j`` the logit is ``<q, h> / |h|`` with
     ``<q, h> = a l_i + (1 - a) l_j`` read off the logits, and for unit keys
-    ``|h|^2 = a^2 + (1 - a)^2 + 2 a (1 - a) <z_i, z_j>``, so no ``[R, k, d]`` tensor is built.
-    ``normalize=False`` keeps ``h`` unnormalised (logit ``a l_i + (1 - a) l_j``).
+    ``|h|^2 = a^2 + (1 - a)^2 + 2 a (1 - a) <z_i, z_j>``, so no ``[R, k, d]`` tensor is built (an
+    all-zero key, which ``F.normalize`` leaves zero, drops its ``a^2`` or ``(1 - a)^2`` term).
+    ``normalize=False`` keeps ``h`` unnormalised (logit ``a l_i + (1 - a) l_j``). ``detach``: the
+    same values, with ``h`` a constant (gradient into the queries only, :class:`_QueryOnlyGrad`).
     """
-    logits = core.logits
+    logits = core.logits.detach() if detach else core.logits
+    keys = core.keys.detach() if detach else core.keys
     rows = logits.shape[0]
     max_neg = int(core.num_neg.max()) if isinstance(core.num_neg, Tensor) else core.num_neg
     s = min(hardest, max_neg)
@@ -527,18 +642,35 @@ def _synthetic_logits(
         count = None
         pick = (draws[..., :2] * s).long().clamp(max=s - 1)
     first = hard.gather(1, pick[..., 0])
+    norm = None
     if mix:
         second = hard.gather(1, pick[..., 1])
         alpha = draws[..., 2].to(logits.dtype)
         picked = _TakeAlongRows.apply(logits, torch.cat([first, second], dim=1))
         syn = torch.lerp(picked[:, synthetic:], picked[:, :synthetic], alpha)
         if normalize:
-            cos = _KeyPairDot.apply(core.keys, first, second)
+            cos = _KeyPairDot.apply(keys, first, second)
             mixed = alpha * (1.0 - alpha)
-            sq_norm = (1.0 - 2.0 * mixed) + 2.0 * mixed * cos  # a^2 + (1 - a)^2 = 1 - 2a(1 - a)
-            syn = syn / sq_norm.clamp(min=1e-24).sqrt()  # F.normalize's eps = 1e-12 on |h|
+            # a^2 |z_i|^2 + (1 - a)^2 |z_j|^2 with |z|^2 = 1, or 0 for an all-zero key
+            zero = ~keys.any(dim=1)
+            zero_i, zero_j = zero[first], zero[second]
+            sq_sum = torch.where(
+                zero_i | zero_j,
+                alpha.square() * ~zero_i + (1.0 - alpha).square() * ~zero_j,
+                1.0 - 2.0 * mixed,  # a^2 + (1 - a)^2 = 1 - 2a(1 - a)
+            )
+            norm = (sq_sum + 2.0 * mixed * cos).clamp(min=1e-24).sqrt()  # F.normalize's eps
+            syn = syn / norm
     else:
         syn = _TakeAlongRows.apply(logits, first)
+    if detach:  # h = sum_c weights[..., c] keys[cols[..., c]], a constant
+        if mix:
+            cols = torch.stack([first, second], dim=2)
+            weights = torch.stack([alpha, 1.0 - alpha], dim=2)
+            weights = weights if norm is None else weights / norm[..., None]
+        else:
+            cols, weights = first[..., None], logits.new_ones(1, 1, 1).expand(rows, synthetic, 1)
+        syn = _QueryOnlyGrad.apply(core.queries, syn, keys, cols, weights)
     if count is None:
         return syn, synthetic
     valid = count[:, 0] > 0  # [R, 1]
@@ -549,6 +681,7 @@ def _synthetic_logits(
 # --------------------------------------------------------------------------- functional API
 
 
+@_without_autocast
 def info_nce(
     anchor: Tensor,
     positive: Tensor,
@@ -591,6 +724,7 @@ def info_nce(
     return _finish(core, _log_negative_sum([core.logits], 0.0, 0.0, False), reduction)
 
 
+@_without_autocast
 def debiased_info_nce(
     anchor: Tensor,
     positive: Tensor,
@@ -611,7 +745,7 @@ def debiased_info_nce(
     when ``labels`` mask some). ``tau_plus = 0`` gives InfoNCE (for normalised inputs the clamp is
     then never active). Other arguments and shapes as in :func:`info_nce`.
     """
-    _check_tau_plus(tau_plus)
+    tau_plus = _check_tau_plus(tau_plus)
     return hard_negative_info_nce(
         anchor,
         positive,
@@ -627,6 +761,7 @@ def debiased_info_nce(
     )
 
 
+@_without_autocast
 def hard_negative_info_nce(
     anchor: Tensor,
     positive: Tensor,
@@ -651,8 +786,8 @@ def hard_negative_info_nce(
     ``beta = 0`` gives DCL. Other arguments and shapes as in :func:`info_nce`.
     """
     _check_choice("reduction", reduction, _REDUCTIONS)
-    _check_tau_plus(tau_plus)
-    _check_beta(beta)
+    tau_plus = _check_tau_plus(tau_plus)
+    beta = _check_beta(beta)
     core = _build_logits(
         anchor,
         positive,
@@ -665,9 +800,10 @@ def hard_negative_info_nce(
     )
     log_n = _log_num_neg(core)
     log_s = _log_negative_sum([core.logits], log_n, beta, detach_weights)
-    return _finish(core, _debias(log_s, core.log_pos, log_n, tau_plus, temperature), reduction)
+    return _finish(core, _debias(log_s, core.log_pos, log_n, tau_plus, core.temperature), reduction)
 
 
+@_without_autocast
 def sscl_loss(
     anchor: Tensor,
     positive: Tensor,
@@ -679,6 +815,7 @@ def sscl_loss(
     synthetic: int = 8,
     mix: bool = True,
     detach_weights: bool = False,
+    detach_synthetic: bool = False,
     generator: torch.Generator | None = None,
     form: Form = "simclr",
     labels: Tensor | None = None,
@@ -703,17 +840,24 @@ def sscl_loss(
       the HCL estimator (weights ``exp(beta s / t)`` divided by their mean over the negatives),
       which keeps the loss on the HCL scale. This is what is computed here.
     * the released code has the mixing line disabled, so its "synthetic" negatives are copies of
-      randomly resampled hard negatives; ``mix=False`` reproduces that, ``mix=True`` (default)
-      is eq. 2.
+      randomly resampled hard negatives; ``mix=False`` gives those values (``mix=True``, the
+      default, is eq. 2), and with ``detach_synthetic=True`` also the released code's gradient.
 
-    ``generator`` (on the inputs' device) makes the random pairs and ``a`` reproducible. Gradients
-    flow through the synthetic negatives into the embeddings they are mixed from.
-    ``synthetic = 0`` gives HCL. Other arguments and shapes as in :func:`info_nce`.
+    Gradients: by default they flow through the synthetic negatives into the embeddings they are
+    mixed from. The released code builds them from detached keys, so only the anchor gets a
+    gradient through a synthetic logit ``<q, stopgrad(h)> / t`` (``h`` normalised when
+    ``normalize=True``); ``detach_synthetic=True`` does the same (same value, different
+    gradient). ``detach_weights=True`` treats the HCL weights as constants, as in
+    :func:`hard_negative_info_nce`.
+
+    ``generator`` (on the inputs' device) makes the random pairs and ``a`` reproducible.
+    ``synthetic = 0`` gives HCL. Other arguments and shapes as in :func:`info_nce`; ``hardest``
+    and ``synthetic`` are integers >= 0.
     """
     _check_choice("reduction", reduction, _REDUCTIONS)
-    _check_tau_plus(tau_plus)
-    _check_beta(beta)
-    _check_sscl(hardest, synthetic)
+    tau_plus = _check_tau_plus(tau_plus)
+    beta = _check_beta(beta)
+    hardest, synthetic = _check_sscl(hardest, synthetic)
     core = _build_logits(
         anchor,
         positive,
@@ -726,12 +870,14 @@ def sscl_loss(
     )
     blocks, added = [core.logits], 0
     if synthetic > 0:
-        syn, added = _synthetic_logits(core, hardest, synthetic, mix, normalize, generator)
+        syn, added = _synthetic_logits(
+            core, hardest, synthetic, mix, normalize, detach_synthetic, generator
+        )
         if syn.shape[1]:
             blocks.append(syn)
     log_n = _log_num_neg(core, added)
     log_s = _log_negative_sum(blocks, log_n, beta, detach_weights)
-    return _finish(core, _debias(log_s, core.log_pos, log_n, tau_plus, temperature), reduction)
+    return _finish(core, _debias(log_s, core.log_pos, log_n, tau_plus, core.temperature), reduction)
 
 
 # --------------------------------------------------------------------------- modules
@@ -749,7 +895,7 @@ class _ContrastiveLoss(nn.Module):
         check_finite: bool,
     ) -> None:
         super().__init__()
-        _check_temperature(temperature)
+        temperature = _check_temperature(temperature)
         _check_choice("form", form, _FORMS)
         _check_choice("reduction", reduction, _REDUCTIONS)
         self.temperature = float(temperature)
@@ -826,7 +972,7 @@ class DebiasedInfoNCE(_ContrastiveLoss):
         check_finite: bool = True,
     ) -> None:
         super().__init__(temperature, form, normalize, reduction, check_finite)
-        _check_tau_plus(tau_plus)
+        tau_plus = _check_tau_plus(tau_plus)
         self.tau_plus = float(tau_plus)
 
     def _hparams(self) -> dict:
@@ -854,8 +1000,8 @@ class HardNegativeInfoNCE(_ContrastiveLoss):
         check_finite: bool = True,
     ) -> None:
         super().__init__(temperature, form, normalize, reduction, check_finite)
-        _check_tau_plus(tau_plus)
-        _check_beta(beta)
+        tau_plus = _check_tau_plus(tau_plus)
+        beta = _check_beta(beta)
         self.tau_plus = float(tau_plus)
         self.beta = float(beta)
         self.detach_weights = detach_weights
@@ -874,7 +1020,8 @@ class SSCLLoss(_ContrastiveLoss):
     """SSCL module (synthetic hard negatives + HCL weights + debiasing); see :func:`sscl_loss`.
 
     ``generator`` (optional ``torch.Generator`` on the inputs' device) is used for every call, so
-    a seeded generator makes a training run reproducible.
+    a seeded generator makes a training run reproducible. ``detach_synthetic=True`` gives the
+    released code's gradient (none through the synthetic negatives into their keys).
     """
 
     def __init__(
@@ -888,21 +1035,23 @@ class SSCLLoss(_ContrastiveLoss):
         *,
         form: Form = "simclr",
         detach_weights: bool = False,
+        detach_synthetic: bool = False,
         generator: torch.Generator | None = None,
         normalize: bool = True,
         reduction: Reduction = "mean",
         check_finite: bool = True,
     ) -> None:
         super().__init__(temperature, form, normalize, reduction, check_finite)
-        _check_tau_plus(tau_plus)
-        _check_beta(beta)
-        _check_sscl(hardest, synthetic)
+        tau_plus = _check_tau_plus(tau_plus)
+        beta = _check_beta(beta)
+        hardest, synthetic = _check_sscl(hardest, synthetic)
         self.tau_plus = float(tau_plus)
         self.beta = float(beta)
         self.hardest = hardest
         self.synthetic = synthetic
         self.mix = mix
         self.detach_weights = detach_weights
+        self.detach_synthetic = detach_synthetic
         self.generator = generator
 
     def _hparams(self) -> dict:
@@ -913,6 +1062,7 @@ class SSCLLoss(_ContrastiveLoss):
             "hardest": self.hardest,
             "synthetic": self.synthetic,
             "mix": self.mix,
+            "detach_synthetic": self.detach_synthetic,
         }
 
     _loss = staticmethod(sscl_loss)
@@ -920,4 +1070,5 @@ class SSCLLoss(_ContrastiveLoss):
     def _options(self) -> dict:
         return {"tau_plus": self.tau_plus, "beta": self.beta, "hardest": self.hardest,
                 "synthetic": self.synthetic, "mix": self.mix,
-                "detach_weights": self.detach_weights, "generator": self.generator}
+                "detach_weights": self.detach_weights,
+                "detach_synthetic": self.detach_synthetic, "generator": self.generator}

@@ -115,15 +115,30 @@ class SentenceTransformerLoss(nn.Module):
     def compute_loss_from_embeddings(
         self, embeddings: list[Tensor], labels: Tensor | None = None
     ) -> Tensor:
-        """Loss from per-column embeddings ``[B, d]``: anchors, positives, then hard negatives."""
+        """Loss from per-column embeddings ``[B, d]``: anchors, positives, then hard negatives.
+
+        A batch of a single pair without hard-negative columns (the last batch of an epoch when
+        the sampler keeps it, ``drop_last=False``) has no negative; as in MNRL (a cross-entropy
+        over one logit) its loss is 0, with zero gradient, instead of an error.
+        """
         if len(embeddings) < 2:
             raise ValueError(
                 f"expected at least 2 embedding columns (anchor, positive[, negatives...]), "
                 f"got {len(embeddings)}"
             )
         negatives = torch.cat(embeddings[2:]) if len(embeddings) > 2 else None
+        anchor = embeddings[0]
+        if (
+            isinstance(anchor, Tensor)
+            and anchor.dim() == 2
+            and anchor.shape[0] == 1
+            and (negatives is None or negatives.shape[0] == 0)
+        ):
+            # Sums over empty slices: exactly 0, on the graph of both columns, never NaN.
+            zero = anchor[:0].sum() + embeddings[1][:0].sum()
+            return zero.float() if zero.dtype in (torch.float16, torch.bfloat16) else zero
         classes = labels if self.labels_as_classes else None
-        return self.loss(embeddings[0], embeddings[1], labels=classes, negatives=negatives)
+        return self.loss(anchor, embeddings[1], labels=classes, negatives=negatives)
 
     def get_config_dict(self) -> dict[str, Any]:
         """Hyperparameters, for the model card written by sentence-transformers."""
