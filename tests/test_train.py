@@ -115,6 +115,35 @@ def test_no_labels_no_eval_and_nan_false_negatives(digits):
     assert all(math.isnan(r["false_negative_rate"]) for r in result.history)
 
 
+def test_single_item_last_batch_is_skipped_without_update(digits):
+    """N % B == 1 leaves a one-item batch: no negative, so no update (as drop_last), flagged."""
+    x, y = digits
+    x, y = x[:65], y[:65]  # 65 = 2 * 32 + 1
+    trainer = Trainer(small_model(), InfoNCE(0.5),
+                      lambda bank: hb.UniformBatchSampler(bank.num_items, 32, seed=1), x, y,
+                      augment=noise_augment,
+                      config=TrainConfig(epochs=2, seed=3, progress=False, eval_every=None))
+    sampler_batches = [len(b) for b in trainer.sampler]
+    assert sampler_batches == [32, 32, 1]
+
+    def snapshot():
+        return [p.detach().clone() for p in trainer.model.parameters()]
+
+    batches = list(trainer.sampler)
+    trainer.train_step(batches[0])
+    before = snapshot()
+    with pytest.warns(UserWarning, match="drop_last=True"):
+        record = trainer.train_step(batches[2])
+    assert record["skipped"] is True and record["loss"] == 0.0
+    assert math.isnan(record["hardness"])
+    for a, b in zip(before, snapshot()):
+        assert torch.equal(a, b)
+    result = trainer.fit()  # a whole run finishes; one skipped step per epoch
+    skipped = [r["step"] for r in result.history if r.get("skipped")]
+    assert skipped == [3, 6]
+    assert all(math.isfinite(r["loss"]) for r in result.history)
+
+
 def test_eval_every_and_eval_data(digits):
     x, y = digits
     x_test, y_test = load_digits()

@@ -44,6 +44,7 @@ import math
 import os
 import random
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -364,6 +365,7 @@ class Trainer:
         self.scaler = (torch.amp.GradScaler(self.device.type) if config.amp == "fp16" else None)
         self.loss = loss
         self.augment = augment or _identity
+        self._warned_skip = False
 
         self.data = data
         self.tensor_data = isinstance(data, torch.Tensor)
@@ -480,6 +482,8 @@ class Trainer:
         """
         t0 = time.perf_counter()
         idx = torch.as_tensor(batch, dtype=torch.int64)
+        if len(idx) < 2:
+            return self._skip_step(idx, t0)
         if x is None:
             x = self.data[idx]
         x = x.to(self.device)
@@ -510,6 +514,23 @@ class Trainer:
             "step_seconds": step_seconds,
         }
         return record
+
+    def _skip_step(self, idx: torch.Tensor, t0: float) -> dict:
+        """A batch of one item (the short last batch when ``N % B == 1``): nothing to contrast.
+
+        As ``drop_last`` would, the step makes no update (an Adam step on a zero loss would still
+        move the weights through its momentum); it is logged with loss 0 (MultipleNegatives-
+        RankingLoss's value for one pair) and ``"skipped": True``.
+        """
+        if not self._warned_skip:
+            warnings.warn(
+                f"step {self.global_step + 1}: a batch of {len(idx)} item has no negative and is "
+                "skipped (no update); use drop_last=True in the sampler or a batch size that "
+                "does not leave one item over", stacklevel=3)
+            self._warned_skip = True
+        return {"kind": "step", "step": self.global_step + 1, "epoch": self.epoch, "loss": 0.0,
+                "hardness": math.nan, "false_negative_rate": math.nan,
+                "step_seconds": time.perf_counter() - t0, "skipped": True}
 
     # -- evaluation ----------------------------------------------------
     def evaluate(self, probe: bool = True) -> dict:
