@@ -135,6 +135,11 @@ def test_gcbs_approximations_close_to_exact(mnist_pca, method):
     (dict(quantile=1.2), "quantile=1.2"),
     (dict(method="hnsw"), "method='hnsw' must be 'exact', 'ivf', 'faiss' or 'partition'"),
     (dict(paired=np.ones((5, 4), np.float32)), "paired has shape"),
+    (dict(method="ivf", nlist=-1), "nlist=-1 must be >= 1"),
+    (dict(method="ivf", nlist=0), "nlist=0 must be >= 1"),
+    (dict(method="ivf", nlist=4.0), "nlist must be an integer"),
+    (dict(method="ivf", nprobe=0), "nprobe=0 must be >= 1"),
+    (dict(method="exact", nlist=-3), "nlist=-3 must be >= 1"),
 ])
 def test_gcbs_bad_input(rng, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -146,3 +151,11 @@ def test_gcbs_rejects_nan(rng):
     x[3] = np.nan
     with pytest.raises(ValueError, match="NaN or inf"):
         hb.gcbs_permutation(x)
+
+
+def test_thresholded_pairs_checks_the_inverted_lists(rng):
+    x = unit_rows(rng, 60, 4)
+    with pytest.raises(ValueError, match="nlist=-1 must be >= 1"):
+        thresholded_pairs(x, x, 0.5, "ivf", nlist=-1)
+    with pytest.raises(ValueError, match="nprobe=-2 must be >= 1"):
+        thresholded_pairs(x, x, 0.5, "ivf", nprobe=-2)

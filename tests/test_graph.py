@@ -163,3 +163,38 @@ def test_graph_rejects_non_finite(rng, value):
 def test_knn_graph_bad_k(rng):
     with pytest.raises(ValueError, match="neighbors=10 must be smaller than the number of items"):
         hb.knn_graph(unit_rows(rng, 10, 3), 10)
+
+
+@pytest.mark.parametrize("d,group_size", [(40, 2), (40, None), (6, 8)])
+def test_blocks_bound_gathered_candidates_and_do_not_change_the_graph(rng, monkeypatch, d,
+                                                                        group_size):
+    import hardbatch.graph as hbgraph
+    from hardbatch.graph import _ProximityPlan, shard_range
+
+    x = unit_rows(rng, 400, d)
+    m, k = 60, 7
+    members, pools = candidate_pools(400, m, group_size or hbgraph.default_group_size(m, 400), 5)
+    ref = dense_topk_reference(x, members, pools.astype(np.int64), k)
+    for elements in (1 << 22, 6000, 2000, 1):
+        monkeypatch.setattr(hbgraph, "_BLOCK_ELEMENTS", elements)
+        plan = _ProximityPlan(x, m, k, 5, group_size, None, "fp32")
+        if plan.per_block > 1:  # similarities and gathered candidate floats both bounded
+            assert plan.per_block * plan.g * m <= elements
+            assert plan.per_block * m * d <= elements
+        np.testing.assert_array_equal(hb.proximity_graph(x, m, k, seed=5,
+                                                         group_size=group_size).numpy(), ref)
+        # the sharded build (hardbatch.distributed) cuts the same blocks into rank ranges
+        for world in (2, 3):
+            rows = torch.cat([plan.rows(*shard_range(plan.num_blocks, r, world))
+                              for r in range(world)])
+            np.testing.assert_array_equal(plan.assemble(rows).numpy(), ref)
+
+
+def test_wide_embeddings_are_gathered_in_small_blocks():
+    from hardbatch.graph import _ProximityPlan
+
+    # N=3000, M=1000, d=128, g=1: the candidates of one block were 1.9 GB of floats.
+    x = np.zeros((3000, 128), np.float32)
+    x[:, 0] = 1
+    plan = _ProximityPlan(x, 1000, 10, 0, 1, None, "fp32")
+    assert plan.per_block * 1000 * 128 * 4 <= 16 * 2**20  # at most 4M floats (16 MiB)

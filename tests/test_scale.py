@@ -233,7 +233,7 @@ def test_prefetch_gives_the_same_batches(base, background, lag, graph):
     sync = run(make(background, lag, graph), base)
     planned = make(background, lag, graph, prefetch=6)
     assert run(planned, base) == sync
-    assert planned._planner is None  # the thread ends with the epoch
+    assert planned._run.thread is None  # the thread ends with the epoch
 
 
 def test_prefetch_knn_sampler_gives_the_same_batches(base):
@@ -247,13 +247,13 @@ def test_prefetch_plans_ahead_in_a_thread(base):
     sampler = ProximityGraphSampler(base, B, 100, 10, refresh_every=None, seed=2, prefetch=5)
     it = iter(sampler)
     first = next(it)
-    planner = sampler._planner
+    planner = sampler._run.thread
     assert planner is not None and planner.name == "hardbatch-planner" and planner.is_alive()
     for _ in range(200):  # the planner fills its queue while the loop does nothing
-        if len(sampler._planned) == 5:
+        if len(sampler._run.queue) == 5:
             break
         threading.Event().wait(0.01)
-    assert len(sampler._planned) == 5
+    assert len(sampler._run.queue) == 5
     rest = [first] + list(it)
     reference = ProximityGraphSampler(base, B, 100, 10, refresh_every=None, seed=2)
     assert rest == list(reference)
@@ -266,20 +266,20 @@ def test_prefetch_waits_for_the_snapshot_of_an_unreached_refresh_step(base):
     it = iter(sampler)
     next(it)  # step 0
     for _ in range(500):
-        if len(sampler._planned) >= 5:
+        if len(sampler._run.queue) >= 5:
             break
         threading.Event().wait(0.01)
     threading.Event().wait(0.1)
     # steps 1..5 are plannable (step 4's snapshot is needed from step 6 on)
-    assert len(sampler._planned) == 5
+    assert len(sampler._run.queue) == 5
     next(it), next(it), next(it), next(it)  # consume up to step 4: its snapshot is taken
     for _ in range(200):
-        if len(sampler._planned) > 1:
+        if len(sampler._run.queue) > 1:
             break
         threading.Event().wait(0.01)
-    assert len(sampler._planned) > 1
+    assert len(sampler._run.queue) > 1
     it.close()
-    assert sampler._planner is None
+    assert sampler._run.thread is None
 
 
 def test_prefetch_resume_mid_epoch_with_batches_planned_ahead(base):
@@ -287,7 +287,7 @@ def test_prefetch_resume_mid_epoch_with_batches_planned_ahead(base):
     first = make(True, 3, prefetch=7)
     head = run(first, base, epochs=2, stop_after=29)  # planner is ahead of step 28
     state = first.state_dict()
-    assert len(state["pending"]) > 0  # planned but not handed out
+    assert len(state["pending_plan"]) > 0  # planned but not handed out
     for prefetch in (0, 4):  # resume with or without a planner
         second = make(True, 3, prefetch=prefetch)
         second.source.load_state_dict(first.source.state_dict())
@@ -309,7 +309,7 @@ def test_prefetch_error_in_the_planner_reaches_the_loop():
     with pytest.raises(ValueError, match="NaN"):
         for _ in sampler:
             pass
-    assert sampler._planner is None
+    assert sampler._run.thread is None
 
 
 def test_bad_prefetch():
@@ -390,3 +390,21 @@ def test_gcbs_sampler_with_an_order_building_in_the_background_pickles(base):
     from hardbatch.samplers import _resolve
     epoch, (order, batch_order) = copy._next
     assert epoch == 1 and np.array_equal(order, _resolve(sampler._next[1])[0])
+
+
+def test_prefetch_sampler_pickled_mid_epoch_keeps_its_planned_steps(base):
+    import pickle
+
+    sampler = ProximityGraphSampler(base, B, 100, 10, refresh_every=None, seed=2, prefetch=3)
+    it = iter(sampler)
+    next(it), next(it)
+    for _ in range(500):  # the queue is full: the planner waits
+        if len(sampler._run.queue) == 3:
+            break
+        threading.Event().wait(0.01)
+    copy = pickle.loads(pickle.dumps(sampler))
+    assert copy._run.thread is None and len(copy._run.queue) == 3
+    want, got = sampler.state_dict(consumed=1), copy.state_dict(consumed=1)
+    assert len(want["pending_plan"]) == 4  # 1 yielded but not consumed + 3 planned
+    assert all(torch.equal(a, b) for a, b in zip(want["pending_plan"], got["pending_plan"]))
+    it.close()

@@ -145,6 +145,12 @@ def test_walks_are_deterministic():
     (dict(batch_size=0), "batch_size=0 must be >= 1"),
     (dict(walk="levy"), "walk='levy' is not one of"),
     (dict(restart=1.5), "restart=1.5 must lie in"),
+    (dict(restart=1.0), r"restart=1.0 must lie in \[0, 1\).*never leaves its start node.*"
+                        "KNNBatchSampler"),
+    (dict(restart=float("nan")), r"restart=nan must lie in \[0, 1\)"),
+    (dict(restart=True), "restart must be a number in \\[0, 1\\), got True"),
+    (dict(restart="0.2"), "restart must be a number"),
+    (dict(restart=torch.tensor([0.2])), "restart must be a number"),
     (dict(starts=[1, 2]), "starts must be 1 integer item ids"),
 ])
 def test_walk_bad_arguments(kwargs, match):
@@ -163,3 +169,11 @@ def test_walk_bad_arguments(kwargs, match):
 def test_malformed_graphs_rejected(bad, match):
     with pytest.raises(ValueError, match=match):
         hb.walk_batches(bad, 2)
+
+
+@pytest.mark.parametrize("alpha", [np.float32(0.35), torch.tensor(0.35, dtype=torch.float64),
+                                   np.array(0.35, np.float32), torch.tensor(0)])
+def test_restart_accepts_numpy_and_0d_tensor_scalars(alpha):
+    g = random_graph(300, 6)
+    ref = hb.walk_batches(g, 30, 4, restart=float(alpha), seed=2)
+    assert torch.equal(hb.walk_batches(g, 30, 4, restart=alpha, seed=2), ref)

@@ -20,6 +20,15 @@ def check_int(value, name: str, low: int | None = None, high: int | None = None)
     return value
 
 
+def check_real(value, name: str, expected: str = "a number") -> float:
+    """``value`` as a float: a Python or NumPy real scalar or a 0-d tensor/array, never a bool."""
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return float(value)
+
+
 def check_matrix_shape(shape: tuple, name: str) -> None:
     """``ValueError`` unless ``shape`` is a non-empty 2-D [N, d]."""
     if len(shape) != 2:

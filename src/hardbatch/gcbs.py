@@ -109,6 +109,13 @@ def _kmeans(y: torch.Tensor, k: int, seed: int, iters: int = 10) -> torch.Tensor
 _EMPTY = (np.empty(0, np.int64), np.empty(0, np.int64))
 
 
+def check_search_args(nlist, nprobe) -> tuple[int | None, int]:
+    """``nlist`` (None: the method's default) and ``nprobe`` of the inverted-file searches."""
+    if nlist is not None:
+        nlist = check_int(nlist, "nlist", low=1)
+    return nlist, check_int(nprobe, "nprobe", low=1)
+
+
 def _concat(rows: list, cols: list) -> tuple[np.ndarray, np.ndarray]:
     if not rows:
         return _EMPTY
@@ -130,6 +137,7 @@ class _PairPlan:
         if method not in ("exact", "ivf", "faiss"):
             raise ValueError(f"method={method!r} must be 'exact', 'ivf', 'faiss' or "
                              "(in gcbs_permutation) 'partition'")
+        nlist, nprobe = check_search_args(nlist, nprobe)
         self.x, self.y, self.threshold, self.method = x, y, float(threshold), method
         self.seed, self.nprobe = seed, nprobe
         self.device, self.dtype = resolve_device(device), check_precision(precision)
@@ -391,7 +399,8 @@ def gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.
             pairs across cells are dropped).
         seed: seeds the quantile sample and the random relabelling that breaks
             ties in reverse Cuthill-McKee (so epochs with equal embeddings differ).
-        nlist, nprobe: inverted lists (default sqrt(N)) and lists probed per list.
+        nlist, nprobe: inverted lists (default sqrt(N)) and lists probed per list
+            (positive integers; ``nprobe >= nlist`` probes every list).
         partitions: cells of ``"partition"`` (default ceil(N / 100,000)).
         device: where the products run (``"cuda"``: threshold, pairs; the ordering
             stays on the CPU).
@@ -407,6 +416,7 @@ def gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.
     """
     if method not in ("exact", "ivf", "faiss", "partition"):
         raise ValueError(f"method={method!r} must be 'exact', 'ivf', 'faiss' or 'partition'")
+    nlist, nprobe = check_search_args(nlist, nprobe)
     x, y, quantile = _gcbs_inputs(embeddings, paired, quantile)
     n = x.shape[0]
     if n == 1:

@@ -46,7 +46,8 @@ per-item implementation.
 Devices, precision, shards
 --------------------------
 ``device=`` runs the products and top-k selections on any torch device
-(``"cuda"``: one bounded block of ~64M similarities at a time, ~4M on CPU);
+(``"cuda"``: one bounded block of ~64M similarities at a time, ~4M on CPU, whose
+gathered candidate embeddings are bounded by the same number of floats);
 the candidate pools are always drawn on the CPU by the same seeded kernel, so
 every device sees the same candidates. ``precision="bf16" | "fp16"`` stores
 the embeddings in half precision and multiplies them with fp32 accumulation
@@ -139,6 +140,13 @@ def default_group_size(candidates: int, num_items: int) -> int:
     """
     cap = int(max(1, min(64, candidates // 16, num_items - candidates)))
     return max(g for g in range(1, cap + 1) if candidates % g == 0 or g == 1)
+
+
+def check_group_size(group_size, candidates: int, num_items: int) -> int | None:
+    """``group_size`` of :func:`proximity_graph` checked (None: the default, chosen later)."""
+    if group_size is None:
+        return None
+    return check_int(group_size, "group_size", low=1, high=max(1, num_items - candidates))
 
 
 @njit(cache=True, nogil=True)
@@ -264,8 +272,8 @@ class _ProximityPlan:
         self.neighbors = check_int(neighbors, "neighbors", low=1)
         _check_graph_args(x, self.candidates, self.neighbors)
         n = x.shape[0]
-        g = default_group_size(self.candidates, n) if group_size is None else check_int(
-            group_size, "group_size", low=1, high=max(1, n - self.candidates))
+        g = check_group_size(group_size, self.candidates, n)
+        g = default_group_size(self.candidates, n) if g is None else g
         self.device = resolve_device(device)
         self.dtype = check_precision(precision)
         members, pools = candidate_pools(n, self.candidates, g, seed)
@@ -273,7 +281,12 @@ class _ProximityPlan:
         self.members = torch.from_numpy(members)
         self.pools = torch.from_numpy(pools)
         self.n_groups, self.g = members.shape
-        self.per_block = max(1, block_elements(self.device) // (self.g * self.candidates))
+        # A block of groups holds blk*g*M similarities and blk*M gathered candidate rows of
+        # d floats: bound both. Each group's product is its own (batched) matmul, so on CPU
+        # the graph does not depend on the blocking (tested); on CUDA a batched product of
+        # another batch count may pick another kernel (near-ties could then differ).
+        self.per_block = max(1, block_elements(self.device)
+                             // (self.candidates * max(self.g, x.shape[1])))
         self.num_blocks = -(-self.n_groups // self.per_block)
         self.x = x
 
@@ -344,8 +357,8 @@ def proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 100
         int64 CPU tensor [N, K]; row i holds i's neighbours by decreasing similarity.
 
     Memory: O(N*K) output, O(N*M/g) pool ids (int32), the embeddings on
-    ``device`` (N*d in the chosen precision) and one block of about 4M (CPU) or
-    64M (CUDA) similarities with its gathered candidates.
+    ``device`` (N*d in the chosen precision) and one block of at most about 4M (CPU)
+    or 64M (CUDA) similarities and as many floats of gathered candidate embeddings.
     """
     plan = _ProximityPlan(embeddings, candidates, neighbors, seed, group_size, device, precision)
     return plan.rows(0, plan.num_blocks, out=plan.empty())

@@ -12,7 +12,8 @@ Every sampler here shares one contract:
   batches on any machine (given the same embeddings).
 * ``state_dict()`` / ``load_state_dict()``: resuming mid-epoch yields exactly
   the remaining batches. With a prefetching ``DataLoader`` pass
-  ``state_dict(consumed=steps_done_this_epoch)``.
+  ``state_dict(consumed=steps_done_this_epoch)``. The state of any rank resumes
+  every rank (it holds the pending batches of all ranks).
 * Distributed: ``rank`` / ``world_size`` default to torch.distributed's when
   it is initialised. All ranks compute the same global plan of
   ``ceil(ceil(N/B) / W) * W`` batches (padded with extra batches, like
@@ -37,9 +38,10 @@ from . import _rng
 from . import distributed as hbdist
 from ._validation import check_int, num_items_of
 from .embeddings import EmbeddingSource, read_embeddings, source_num_items
-from .gcbs import gcbs_permutation
-from .graph import check_precision, knn_graph, proximity_graph, resolve_device
-from .walks import WALKS, WalkState, default_patience, prepare_graph
+from .gcbs import check_search_args, gcbs_permutation
+from .graph import check_group_size, check_precision, knn_graph, proximity_graph, resolve_device
+from .schedules import LinearDecay
+from .walks import WALKS, WalkState, check_restart, default_patience, prepare_graph
 
 __all__ = ["GCBSSampler", "KNNBatchSampler", "ProximityGraphSampler", "UniformBatchSampler"]
 
@@ -94,6 +96,14 @@ def _check_pipelining(background: bool, refresh_lag: int | None, meaning: str) -
     return background, lag
 
 
+def _check_rows(x: np.ndarray, num_items: int, name: str = "embedding source") -> None:
+    """``ValueError`` unless a re-read source still has one row per item."""
+    if x.shape[0] != num_items:
+        raise ValueError(f"the {name} now has {x.shape[0]} items, the sampler was built for "
+                         f"{num_items}; a source must keep one row per item for the sampler's "
+                         "lifetime (construct a new sampler for a different set of items)")
+
+
 def _resolve(structure):
     """A built structure, waiting for it if it is still being built in the background."""
     if isinstance(structure, concurrent.futures.Future):
@@ -101,8 +111,33 @@ def _resolve(structure):
     return structure
 
 
+class _PlanRun:
+    """One iteration's planner thread (``prefetch`` > 0) and its queue of planned steps.
+
+    Every ``__iter__`` gets its own: an abandoned iterator (a DataLoader iterator
+    replaced by a new one) stops only its own planner, never the next one's.
+    """
+
+    def __init__(self) -> None:
+        self.queue: collections.deque = collections.deque()  # plans of whole steps (W batches)
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.stop = False
+
+    def __getstate__(self) -> dict:  # a copy never runs: keep what was planned
+        return {"queue": collections.deque(self.queue), "thread": None, "error": None,
+                "stop": True}
+
+
 class _PlanSampler(Sampler[list[int]]):
-    """Base: a global per-epoch plan of batches, generated in order, split across ranks."""
+    """Base: a global per-epoch plan of batches, generated in order, split across ranks.
+
+    Every rank generates all W batches of each of its steps (the plan is global), so
+    the batches planned or yielded but not yet trained on are kept as whole steps: a
+    checkpoint of any rank holds them for every rank.
+    """
+
+    _settings = ("num_items", "batch_size", "world_size", "seed", "drop_last")
 
     def __init__(self, num_items: int, batch_size: int, *, drop_last: bool, seed: int,
                  rank: int | None, world_size: int | None, prefetch: int = 0) -> None:
@@ -114,44 +149,47 @@ class _PlanSampler(Sampler[list[int]]):
         self.drop_last = bool(drop_last)
         self.seed = check_int(seed, "seed")
         self.rank, self.world_size = _dist_defaults(rank, world_size)
+        if len(self) == 0:  # only with drop_last: fewer full batches than ranks
+            fix = (f"use batch_size <= N // world_size = {num_items // self.world_size} or "
+                   if num_items >= self.world_size else "")
+            raise ValueError(
+                f"drop_last=True leaves {self.batches_per_epoch} full batch(es) of batch_size="
+                f"{self.batch_size} for world_size={self.world_size} ranks, so every rank would "
+                f"get no batch; {fix}pass drop_last=False")
         self.epoch = 0
         self.sampler_seconds = 0.0  # time spent planning batches (graphs, walks)
-        self._pending: list[np.ndarray] = []  # batches to replay after load_state_dict
+        self._pending: list[list] = []  # steps (W batches each) to replay after load_state_dict
         self._start_step = 0
-        self._recent: collections.deque = collections.deque(maxlen=_LOOKBACK)
+        self._recent: collections.deque = collections.deque(maxlen=_LOOKBACK)  # steps yielded
+        self._replay: collections.deque = collections.deque()  # loaded steps not yet replayed
         self._yielded = 0
         self._active = False
+        self._generation = 0  # counts iterations; an iterator older than the newest is stale
         self.prefetch = check_int(prefetch, "prefetch", low=0)
+        self._run: _PlanRun | None = None  # the newest iteration's planner (prefetch > 0)
         self._next: tuple | None = None  # a build for later use: (key, result or its Future)
-        self._init_planner()
+        self._init_sync()
 
-    def _init_planner(self) -> None:
-        # Planner thread (prefetch > 0): it generates batches into ``_planned``; the training
+    def _init_sync(self) -> None:
+        # Planner thread (prefetch > 0): it generates steps into its run's queue; the training
         # loop's thread only takes them and marks its progress (``_consumer_step``).
         # Lock order: _plan_lock (held while a step is generated), then _cv.
         self._cv = threading.Condition()
         self._plan_lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._planned: collections.deque = collections.deque()
-        self._planner: threading.Thread | None = None
-        self._plan_error: BaseException | None = None
-        self._stop_planning = False
         self._consumer_step = -1
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for key in ("_cv", "_plan_lock", "_planner", "_executor"):
+        for key in ("_cv", "_plan_lock", "_executor"):
             state[key] = None
         if state.get("_next") is not None:  # a build still running in the background
             state["_next"] = (state["_next"][0], _resolve(state["_next"][1]))
         return state
 
     def __setstate__(self, state: dict) -> None:
-        planned = state.get("_planned")
         self.__dict__.update(state)
-        self._init_planner()
-        if planned:
-            self._planned.extend(planned)
+        self._init_sync()
 
     # -- plan geometry -------------------------------------------------
     @property
@@ -207,103 +245,117 @@ class _PlanSampler(Sampler[list[int]]):
         return True
 
     # -- iteration -----------------------------------------------------
-    def _plan_step(self, step: int, steps: int) -> np.ndarray:
-        """All W global batches of local step ``step``; returns this rank's."""
-        w, r = self.world_size, self.rank
-        mine = None
-        for j in range(step * w, step * w + w):
-            batch = self._generate(j, self.epoch * steps + step)
-            if j % w == r:
-                mine = batch
-        return mine
+    def _plan_step(self, step: int, steps: int) -> list[np.ndarray]:
+        """All W global batches of local step ``step`` (plan batches step*W .. step*W + W - 1)."""
+        w = self.world_size
+        return [self._generate(j, self.epoch * steps + step) for j in range(step * w, step * w + w)]
 
     def __iter__(self) -> Iterator[list[int]]:
+        # A new iteration supersedes any earlier one: stop its planner before the plan moves.
+        self._stop_planner(self._run)
+        self._generation += 1
+        generation = self._generation
         steps = len(self)
         self._begin_epoch(fresh=not (self._pending or self._start_step > 0))
         start = self._start_step
-        pending, self._pending, self._start_step = self._pending, [], 0
+        self._replay = collections.deque(self._pending)
+        self._pending, self._start_step = [], 0
         self._recent.clear()
-        self._planned.clear()
+        self._run = None
+        with self._cv:
+            self._consumer_step = -1
         self._active = True
         base = self.epoch * steps
         step = start
-        for batch in pending:
+        replay = self._replay  # this iteration's (state_dict reads it)
+        while replay:
             self._before_step(base + step)
-            self._recent.append(batch)
+            plan = replay.popleft()
+            self._recent.append(plan)
             self._yielded = step + 1
-            yield batch.tolist()
+            yield plan[self.rank].tolist()
             step += 1
-        if self.prefetch and step < steps:
-            self._start_planner(step, steps)
+        run = self._start_planner(step, steps) if self.prefetch and step < steps else None
         try:
             while step < steps:
                 t0 = time.perf_counter()
+                if run is not None and self._generation != generation:
+                    raise RuntimeError("this iterator was superseded by a newer iteration of the "
+                                       "sampler (e.g. a new DataLoader iterator), which stopped "
+                                       "its planner thread; iterate the newest one")
                 self._before_step(base + step)
-                mine = self._take_planned() if self.prefetch else self._plan_step(step, steps)
+                plan = self._take_planned(run) if run is not None else self._plan_step(step, steps)
                 self.sampler_seconds += time.perf_counter() - t0
-                self._recent.append(mine)
+                self._recent.append(plan)
                 self._yielded = step + 1
-                yield mine.tolist()
+                yield plan[self.rank].tolist()
                 step += 1
         finally:
-            self._stop_planner()
+            self._stop_planner(run)  # this iteration's planner only
         self._active = False
         self.epoch += 1
 
     # -- background planning (prefetch > 0) ----------------------------
-    def _start_planner(self, step: int, steps: int) -> None:
-        self._stop_planning, self._plan_error = False, None
-        self._planner = threading.Thread(target=self._plan_loop, args=(step, steps),
-                                         name="hardbatch-planner", daemon=True)
-        self._planner.start()
+    def _start_planner(self, step: int, steps: int) -> _PlanRun:
+        run = _PlanRun()
+        run.thread = threading.Thread(target=self._plan_loop, args=(run, step, steps),
+                                      name="hardbatch-planner", daemon=True)
+        self._run = run
+        run.thread.start()
+        return run
 
-    def _plan_loop(self, step: int, steps: int) -> None:
+    def _plan_loop(self, run: _PlanRun, step: int, steps: int) -> None:
         try:
             base = self.epoch * steps
             for s in range(step, steps):
                 with self._cv:
-                    while not self._stop_planning and (
-                            len(self._planned) >= self.prefetch or not self._ready(base + s)):
+                    while not run.stop and (
+                            len(run.queue) >= self.prefetch or not self._ready(base + s)):
                         self._cv.wait(0.5)
-                    if self._stop_planning:
+                    if run.stop:
                         return
                 with self._plan_lock:
-                    batch = self._plan_step(s, steps)
+                    if run.stop:  # superseded while waiting for the lock: leave the plan be
+                        return
+                    plan = self._plan_step(s, steps)
                     with self._cv:
-                        self._planned.append(batch)
+                        run.queue.append(plan)
                         self._cv.notify_all()
         except BaseException as err:  # handed to the training loop by _take_planned
             with self._cv:
-                self._plan_error = err
+                run.error = err
                 self._cv.notify_all()
 
-    def _take_planned(self) -> np.ndarray:
+    def _take_planned(self, run: _PlanRun) -> list[np.ndarray]:
         with self._cv:
-            while not self._planned:
-                if self._plan_error is not None:
-                    raise self._plan_error
-                if self._planner is None or not self._planner.is_alive():
+            while not run.queue:
+                if run.error is not None:
+                    raise run.error
+                if run.thread is None or not run.thread.is_alive():
                     raise RuntimeError("the batch planner thread stopped unexpectedly")
                 self._cv.wait(0.5)
-            batch = self._planned.popleft()
+            plan = run.queue.popleft()
             self._cv.notify_all()
-            return batch
+            return plan
 
-    def _stop_planner(self) -> None:
-        if self._planner is None:
+    def _stop_planner(self, run: _PlanRun | None) -> None:
+        """Stop ``run``'s planner thread (if any) and wait for it; its queue is kept."""
+        if run is None or run.thread is None:
             return
         with self._cv:
-            self._stop_planning = True
+            run.stop = True
             self._cv.notify_all()
-        self._planner.join()
-        self._planner = None
+        run.thread.join()
+        run.thread = None
 
     # -- checkpointing -------------------------------------------------
     def state_dict(self, consumed: int | None = None) -> dict:
         """Sampler state after ``consumed`` batches of the current epoch (default: all yielded).
 
         ``consumed`` may lag the batches already yielded by up to 1024 (a
-        prefetching loader); those batches are replayed after loading.
+        prefetching loader); those batches are replayed after loading. The
+        state holds them for every rank (as whole plan steps), so the state of
+        any one rank resumes every rank.
         """
         with self._plan_lock:  # the planner thread (prefetch) is between steps
             return self._state_dict(consumed)
@@ -315,30 +367,53 @@ class _PlanSampler(Sampler[list[int]]):
             raise ValueError(f"consumed={consumed} must be between {yielded - len(self._recent)} "
                              f"and the {yielded} batches yielded this epoch")
         lag = yielded - consumed
-        pending = list(self._recent)[len(self._recent) - lag:] if lag else []
+        steps = list(self._recent)[len(self._recent) - lag:] if lag else []
         with self._cv:
-            planned = list(self._planned) if self._active else []
-        pending += planned  # planned ahead by the planner thread, not yet handed out
-        return {
-            "epoch": self.epoch,
-            "step": consumed,
-            "pending": [torch.from_numpy(b.copy()) for b in pending],
-            "seed": self.seed,
-            "num_items": self.num_items,
-            "batch_size": self.batch_size,
-            "world_size": self.world_size,
-            "generator": self._generator_state(
-                mid_epoch=bool(self._active and (yielded or planned))),
-        }
+            planned = list(self._run.queue) if self._active and self._run is not None else []
+        # then the loaded steps not replayed yet and those planned ahead by the planner thread
+        planned = (list(self._replay) if self._active else []) + planned
+        steps += planned
+        state = {key: getattr(self, key) for key in self._settings}
+        state.update(epoch=self.epoch, step=consumed, rank=self.rank,
+                     generator=self._generator_state(
+                         mid_epoch=bool(self._active and (yielded or planned))))
+        if all(b is not None for plan in steps for b in plan):
+            # Plan batches consumed*W, consumed*W + 1, ...: rank r replays those = r (mod W).
+            state["pending_plan"] = [torch.from_numpy(np.array(b, np.int64))
+                                     for plan in steps for b in plan]
+        else:  # replaying a checkpoint of an older version, which held this rank's batches only
+            state["pending"] = [torch.from_numpy(np.array(plan[self.rank], np.int64))
+                                for plan in steps]
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume: the next iteration yields exactly the remaining batches of the saved epoch."""
-        for key in ("num_items", "batch_size", "world_size", "seed"):
+        """Resume: the next iteration yields exactly the remaining batches of the saved epoch.
+
+        A state saved on any rank resumes any rank (same world size).
+        """
+        for key in self._settings:
+            if key not in state:  # saved before this setting was recorded
+                continue
             if state[key] != getattr(self, key):
                 raise ValueError(f"state was saved with {key}={state[key]} but this sampler has "
                                  f"{key}={getattr(self, key)}; construct it with the same value")
+        w = self.world_size
+        if "pending_plan" in state:
+            flat = [np.asarray(b, dtype=np.int64) for b in state["pending_plan"]]
+            if len(flat) % w:
+                raise ValueError(f"state['pending_plan'] holds {len(flat)} batches, not whole "
+                                 f"steps of world_size={w}; pass a state from state_dict()")
+            pending = [flat[i:i + w] for i in range(0, len(flat), w)]
+        else:  # this rank's batches only (saved by an older version, or replaying one)
+            saved = state.get("rank")
+            if saved is not None and saved != self.rank and len(state["pending"]):
+                raise ValueError(
+                    f"state holds the pending batches of rank {saved} only but this sampler has "
+                    f"rank={self.rank}; load the state_dict() that rank {self.rank} saved")
+            pending = [[np.asarray(b, dtype=np.int64) if r == self.rank else None
+                        for r in range(w)] for b in state["pending"]]
+        self._stop_planner(self._run)  # a running iteration is superseded by the loaded state
         self.epoch = int(state["epoch"])
-        pending = [np.asarray(b, dtype=np.int64) for b in state["pending"]]
         self._pending = pending
         self._start_step = int(state["step"])
         self._load_generator_state(state["generator"])
@@ -400,7 +475,10 @@ class GCBSSampler(_PlanSampler):
             (:func:`hardbatch.distributed.gcbs_permutation`; the same order as one
             process). None (default): on when torch.distributed is initialised and
             ``rank`` / ``world_size`` are its own.
-        drop_last, seed, rank, world_size: as in every sampler.
+        drop_last: drop N mod B items each epoch so that every batch is full: a
+            seeded random choice of positions of the epoch's order (its tail holds the
+            items without any strong pair, which would otherwise be dropped every epoch).
+        seed, rank, world_size: as in every sampler.
     """
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, quantile: float = 0.999, *,
@@ -433,11 +511,16 @@ class GCBSSampler(_PlanSampler):
             raise ValueError(f"quantile={quantile} must lie strictly between 0 and 1")
         if method not in ("exact", "ivf", "faiss", "partition"):
             raise ValueError(f"method={method!r} must be 'exact', 'ivf', 'faiss' or 'partition'")
+        if paired is not None and not callable(paired):  # a callable is checked when read
+            n_paired, _ = source_num_items(paired, "paired")
+            if n_paired != n:
+                raise ValueError(f"paired has {n_paired} rows but embeddings has N={n}; "
+                                 "paired data needs one row of Y per row of X")
         self.partitions = partitions
         self.source, self.paired = embeddings, paired
         self.quantile, self.method = float(quantile), method
         self.shuffle_batches = bool(shuffle_batches)
-        self.nlist, self.nprobe = nlist, nprobe
+        self.nlist, self.nprobe = check_search_args(nlist, nprobe)
         self._order: np.ndarray | None = None
         self._batch_order: np.ndarray | None = None
         self.last_refresh_seconds = 0.0
@@ -446,7 +529,10 @@ class GCBSSampler(_PlanSampler):
         """The embeddings now (a copy when the source may change before they are used)."""
         x = self._first if self._first is not None else read_embeddings(self.source)
         self._first = None
+        _check_rows(x, self.num_items)
         y = None if self.paired is None else read_embeddings(self.paired, "paired")
+        if y is not None:
+            _check_rows(y, self.num_items, "paired source")
         if copy:
             x, y = np.array(x, np.float32), None if y is None else np.array(y, np.float32)
         return x, y
@@ -461,11 +547,16 @@ class GCBSSampler(_PlanSampler):
                      seed=_rng.derive_seed(self.seed, epoch) & 0x7FFFFFFF,
                      nlist=self.nlist, nprobe=self.nprobe, partitions=self.partitions,
                      device=self.device, precision=self.precision, **kw)
+        perm = perm.numpy()
+        extra = self.num_items % self.batch_size if self.drop_last else 0
+        if extra:  # dropped: a random choice of positions, not always the order's tail
+            drop = _rng.permutation(self.num_items, _rng.derive_seed(self.seed, epoch, 3))
+            perm = np.delete(perm, drop[:extra])
         nb = self.batches_per_epoch
         batch_order = (_rng.permutation(nb, _rng.derive_seed(self.seed, epoch, 2))
                        if self.shuffle_batches else np.arange(nb))
         self.last_refresh_seconds = time.perf_counter() - t0
-        return perm.numpy(), batch_order
+        return perm, batch_order
 
     def _before_step(self, global_step: int) -> None:
         super()._before_step(global_step)
@@ -547,6 +638,8 @@ class _RefreshingSampler(_PlanSampler):
     collectives never interleave with the training loop's.
     """
 
+    _settings = _PlanSampler._settings + ("refresh_every",)
+
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, *,
                  refresh_every: int | None, drop_last: bool, seed: int, normalize: bool,
                  rank: int | None, world_size: int | None, refresh_lag: int | None = None,
@@ -603,9 +696,7 @@ class _RefreshingSampler(_PlanSampler):
     def _read(self, copy: bool) -> np.ndarray:
         x = self._first if self._first is not None else read_embeddings(self.source)
         self._first = None
-        if x.shape[0] != self.num_items:
-            raise ValueError(f"the embedding source now has {x.shape[0]} items, the sampler was "
-                             f"built for {self.num_items}")
+        _check_rows(x, self.num_items)
         if self.normalize:
             x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
         elif copy:
@@ -735,15 +826,16 @@ class ProximityGraphSampler(_RefreshingSampler):
         batch_size: B.
         candidates: M, candidate pool per item (paper: 500-1000).
         neighbors: K, neighbours kept (paper: 100; 50 for MUTAG, 500 for text).
-        restart: RWR restart probability alpha, a float or a schedule such as
-            ``LinearDecay(0.2, 0.05)`` (the paper's best).
+        restart: RWR restart probability alpha in [0, 1), a number or a schedule such
+            as ``LinearDecay(0.2, 0.05)`` (the paper's best). (alpha = 1 would never
+            leave the start node; ``KNNBatchSampler`` gives an anchor's nearest items.)
         walk: ``"rwr"`` (default), ``"rw"``, ``"bfs"`` or ``"dfs"``.
         graph: ``"proximity"`` or ``"knn"`` (ablation: exact K nearest).
         refresh_every: steps between graph rebuilds (paper's t), counted over
             the whole run; None builds the graph once.
         epochs: planned epochs, for schedules of ``restart``.
         normalize: L2-normalise embeddings first (cosine similarity); default True.
-        group_size: candidate-pool sharing of :func:`proximity_graph`.
+        group_size: candidate-pool sharing of :func:`proximity_graph` (checked here).
         patience: RWR/RW steps without a new item before jumping to a fresh start.
         device: where the graph is built (``"cuda"``: products and top-k on the GPU;
             the candidate pools, hence the graph up to floating-point near-ties, are
@@ -790,15 +882,16 @@ class ProximityGraphSampler(_RefreshingSampler):
         self.precision = precision
         if walk not in WALKS:
             raise ValueError(f"walk={walk!r} must be one of {sorted(WALKS)}")
-        if isinstance(restart, (int, float)):
-            if not 0.0 <= float(restart) <= 1.0:
-                raise ValueError(f"restart={restart} must lie in [0, 1] (or be a schedule such "
-                                 "as LinearDecay(0.2, 0.05))")
-        elif not callable(restart):
-            raise ValueError(f"restart must be a float in [0, 1] or a schedule, got {restart!r}")
-        elif getattr(restart, "total_steps", None) is None and epochs is None:
-            raise ValueError("restart is a schedule: pass epochs=... (training length) to the "
-                             "sampler, or total_steps=... to the schedule")
+        if not callable(restart):
+            restart = check_restart(restart, expected="a number in [0, 1) or a schedule such "
+                                    "as LinearDecay(0.2, 0.05)")
+        else:
+            if isinstance(restart, LinearDecay):  # any other schedule is checked per batch
+                check_restart(restart.start, "restart=LinearDecay(...) start")
+                check_restart(restart.end, "restart=LinearDecay(...) end")
+            if getattr(restart, "total_steps", None) is None and epochs is None:
+                raise ValueError("restart is a schedule: pass epochs=... (training length) to "
+                                 "the sampler, or total_steps=... to the schedule")
         self.epochs = None if epochs is None else check_int(epochs, "epochs", low=1)
         self.walk, self.restart = walk, restart
         self.patience = None if patience is None else check_int(patience, "patience", low=1)
@@ -815,8 +908,13 @@ class ProximityGraphSampler(_RefreshingSampler):
                 raise ValueError(f"neighbors={neighbors} must be smaller than candidates="
                                  f"{candidates}; raise candidates or lower neighbors")
             if self.candidates >= n:
+                fix = (f"lower candidates (e.g. {min(n - 1, max(self.neighbors + 1, n // 2))})"
+                       if self.neighbors + 1 < n else
+                       f"lower neighbors below N - 1 = {n - 1} and candidates between neighbors "
+                       "and N (or use graph='knn')")
                 raise ValueError(f"candidates={candidates} must be smaller than the number of "
-                                 f"items N={n}; lower candidates (e.g. {max(self.neighbors + 1, n // 2)})")
+                                 f"items N={n}; {fix}")
+            group_size = check_group_size(group_size, self.candidates, n)
         elif self.neighbors >= n:
             raise ValueError(f"neighbors={neighbors} must be smaller than N={n}")
         self.group_size = group_size
@@ -852,13 +950,16 @@ class ProximityGraphSampler(_RefreshingSampler):
         same for any world size; with ``LinearDecay(total_steps=T)`` it is
         steps of this rank over T.
         """
-        if isinstance(self.restart, (int, float)):
-            return float(self.restart)
+        if isinstance(self.restart, float):
+            return self.restart
         total_steps = getattr(self.restart, "total_steps", None)
         if total_steps:
-            return float(self.restart((epoch * len(self) + index // self.world_size) / total_steps))
-        per_epoch = self.batches_per_epoch
-        return float(self.restart((epoch * per_epoch + index) / (self.epochs * per_epoch)))
+            progress = (epoch * len(self) + index // self.world_size) / total_steps
+        else:
+            per_epoch = self.batches_per_epoch
+            progress = (epoch * per_epoch + index) / (self.epochs * per_epoch)
+        return check_restart(float(self.restart(progress)),
+                             f"restart (schedule value at progress {progress:.4g})")
 
     def _draw(self, index: int, seed: int) -> np.ndarray:
         patience = self.patience or default_patience(self._graph.shape[1])
@@ -913,7 +1014,9 @@ class KNNBatchSampler(_RefreshingSampler):
         self._snapshot: torch.Tensor | None = None
 
     def _rebuild(self, x: np.ndarray, seed: int, group) -> torch.Tensor:
-        return torch.from_numpy(x).to(self.device)
+        # A copy: ``x`` may be a view of the live source (an EmbeddingBank, normalize=False),
+        # and the snapshot must stay as it was at its refresh step.
+        return torch.from_numpy(x).to(self.device, copy=True)
 
     def _install(self, structure) -> None:
         self._structure = self._snapshot = structure

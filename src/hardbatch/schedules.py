@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._validation import check_real
+
 
 @dataclass(frozen=True)
 class LinearDecay:
@@ -13,6 +15,9 @@ class LinearDecay:
     share of planned batches drawn so far: the sampler supplies it from its
     ``epochs`` argument, or, if ``total_steps`` is set here, from its step
     count (batches yielded by this rank) over ``total_steps``.
+
+    A sampler needs alpha < 1 throughout (see :func:`hardbatch.walk_batches`), so
+    :class:`~hardbatch.ProximityGraphSampler` rejects ``start`` or ``end`` equal to 1.
     """
 
     start: float = 0.2
@@ -24,7 +29,9 @@ class LinearDecay:
             value = getattr(self, name)
             if not 0.0 <= float(value) <= 1.0:
                 raise ValueError(f"LinearDecay {name}={value} must lie in [0, 1]")
-        if self.total_steps is not None and int(self.total_steps) <= 0:
+        if self.total_steps is not None and int(check_real(
+                self.total_steps, "LinearDecay total_steps",
+                "a positive number of steps or None (progress from the sampler's epochs)")) <= 0:
             raise ValueError(f"LinearDecay total_steps={self.total_steps} must be positive")
 
     def __call__(self, progress: float) -> float:

@@ -53,12 +53,29 @@ from numba import njit
 
 from . import _rng
 from ._rng import rand_below, rand_unit
-from ._validation import check_int, to_numpy_index_table
+from ._validation import check_int, check_real, to_numpy_index_table
 
 WalkKind = Literal["rwr", "rw", "bfs", "dfs"]
 WALKS: dict[str, int] = {"rwr": 0, "rw": 1, "bfs": 2, "dfs": 3}
 
 __all__ = ["WALKS", "WalkState", "walk_batches"]
+
+
+def check_restart(value, name: str = "restart",
+                  expected: str = "a number in [0, 1)") -> float:
+    """The RWR restart probability alpha as a float in [0, 1); ``ValueError`` otherwise.
+
+    alpha = 1 is excluded: every step then teleports back to the start node, the
+    walk never reaches a neighbour, and a batch is filled only by fresh-start jumps
+    after ``patience`` idle steps each (uniform batches, thousands of times slower).
+    """
+    alpha = check_real(value, name, expected)
+    if not 0.0 <= alpha < 1.0:
+        hint = ("; at restart=1 the walk never leaves its start node, so batches would be "
+                "random jumps: for batches of an anchor's immediate neighbours use "
+                "KNNBatchSampler") if alpha >= 1.0 else ""
+        raise ValueError(f"{name}={alpha} must lie in [0, 1){hint}")
+    return alpha
 
 
 @njit(cache=True, nogil=True)
@@ -338,7 +355,7 @@ def walk_batches(neighbors: torch.Tensor | np.ndarray, batch_size: int, num_batc
         num_batches: how many batches; start nodes avoid items already drawn
             by earlier batches of the same call (one epoch's worth of walks).
         walk: ``"rwr"``, ``"rw"``, ``"bfs"`` or ``"dfs"`` (see module docstring).
-        restart: restart probability alpha in [0, 1] for ``"rwr"``.
+        restart: restart probability alpha in [0, 1) for ``"rwr"`` (a real number).
         seed: stream seed; the same inputs and seed give the same batches.
         patience: steps without a new item before an RWR/RW walk restarts elsewhere.
         starts: optional int [num_batches] start node of each batch (default: drawn
@@ -356,9 +373,7 @@ def walk_batches(neighbors: torch.Tensor | np.ndarray, batch_size: int, num_batc
                          "use batch_size <= N")
     if walk not in WALKS:
         raise ValueError(f"walk={walk!r} is not one of {sorted(WALKS)}")
-    restart = float(restart)
-    if not 0.0 <= restart <= 1.0:
-        raise ValueError(f"restart={restart} must lie in [0, 1]")
+    restart = check_restart(restart)
     patience = default_patience(table.shape[1]) if patience is None else check_int(
         patience, "patience", low=1)
     if starts is not None:
