@@ -64,6 +64,11 @@ print(evaluate_sts(model, "../shared/data/sts")["avg"])   # STS12-16 + STS-B, Si
 ```'''
 
 
+# the run options that shape each sampler's batches (shown for ablation rows)
+SAMPLER_OPTIONS = {"proximity": ("candidates", "neighbors", "restart"), "gcbs": ("quantile",),
+                   "knn": (), "uniform": (), "default": ()}
+
+
 def fmt(values: list[float], digits: int = 2) -> str:
     vals = [v for v in values if v is not None and not math.isnan(v)]
     if not vals:
@@ -71,6 +76,11 @@ def fmt(values: list[float], digits: int = 2) -> str:
     if len(vals) == 1:
         return f"{vals[0]:.{digits}f}"
     return f"{statistics.mean(vals):.{digits}f} ± {statistics.stdev(vals):.{digits}f}"
+
+
+def r_base(tag: str | None) -> str:
+    """A run tag without its options hash (``n5120_steps80_hc5d607`` -> ``n5120_steps80``)."""
+    return (tag or "").split("_h")[0]
 
 
 def load(results: Path):
@@ -191,6 +201,28 @@ def main() -> None:
         w(f"| {ROW[s]} | {LOSS_NAME[l]} | {len(seeds)} | " + " | ".join(fmt(v) for v in per)
           + f" | {fmt(avgs)} | {delta} |")
     w("")
+    ablations = [r for t, g in groups.items() if t != main_tag and main_tag
+                 and t.split("_h")[0] == main_tag.split("_h")[0] for r in g]
+    if ablations:
+        w("Trained ablations: the same runs with sampler options other than the grid's (tag "
+          "suffix `_h...`); Δ against `default` + MNRL with the same seed; hardness as in the "
+          "diagnostics below.\n")
+        w("| sampler | loss | options | n | " + " | ".join(SHORT.get(t, t) for t in TASKS)
+          + " | Avg | Δ | hardness |")
+        w("|" + "---|" * (len(TASKS) + 7))
+        agroups: dict = defaultdict(list)
+        for r in ablations:
+            agroups[(r["sampler"], r["loss"], r["tag"])].append(r)
+        for (s, l, _), rs in sorted(agroups.items()):
+            opts = ", ".join(f"{k} {rs[0]['config'][k]}" for k in SAMPLER_OPTIONS.get(s, ())
+                             if rs[0]["config"].get(k) is not None) or "—"
+            d = [r["avg"] - base[r["seed"]]["avg"] for r in rs if r["seed"] in base]
+            w(f"| {ROW[s]} | {LOSS_NAME[l]} | {opts} | {len(rs)} | "
+              + " | ".join(fmt([r["sts"].get(t) for r in rs]) for t in TASKS)
+              + f" | {fmt([r['avg'] for r in rs])} | "
+              + (f"{statistics.mean(d):+.2f}" if d else "") + " | "
+              + fmt([r["diagnostics"]["mean_hardness"] for r in rs], 3) + " |")
+        w("")
     w("Published numbers (BERT-base, 1M Wikipedia sentences, 7 tasks; 6-task Avg recomputed "
       "without SICK-R):\n")
     w("| paper row | " + " | ".join(SHORT.get(t, t) for t in TASKS) + " | SICK-R | Avg (7) | "
@@ -236,7 +268,7 @@ def main() -> None:
         w("|---|---|---|---|---|---|---|---|---|")
         pg: dict = defaultdict(list)
         for r in plans:
-            if r["tag"].split("_h")[0] != (main_tag or r["tag"]).split("_h")[0]:
+            if r_base(r["tag"]) != r_base(main_tag or r["tag"]):
                 continue
             opts = ", ".join(f"{k} {v}" for k, v in r["sampler_options"].items()) or "—"
             pg[(r["sampler"], opts, r["tag"])].append(r["plan_diagnostics"])
@@ -348,7 +380,7 @@ def main() -> None:
           f"{zero['eval_time_s'] / 60:.1f} | — | — | {zero['eval_time_s'] / 60:.1f} | "
           f"{e['finished']} | {e['host']}, {e['cpus']} CPUs, torch {e['torch']} | "
           f"`{zero['command']}` |")
-    others = {t: g for t, g in groups.items() if t != main_tag}
+    others = {t: g for t, g in groups.items() if t != main_tag and r_base(t) != r_base(main_tag)}
     if others:
         w("\nOther run tags (not in the tables): " + ", ".join(
             f"`{t}` ({len(g)} runs)" for t, g in sorted(others.items())))
