@@ -254,3 +254,27 @@ def test_hue_shift_and_hsv_round_trip():
     assert torch.allclose(out[0, :, 0, 0], expect[0, :, 0, 0], atol=1e-5)
     x = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(3))
     assert torch.allclose(V._hsv_to_rgb(V._rgb_to_hsv(x)), x, atol=1e-5)
+
+
+def test_throughput_benchmark_script(data_root, tmp_path):
+    """benchmarks/bench_simclr.py (the GPU throughput benchmark) runs end to end on the CPU."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_simclr
+
+    out = tmp_path / "simclr.json"
+    args = ["--dataset", "mnist", "--data-dir", str(data_root), "--train-size", "300",
+            "--batch-size", "32", "--steps", "4", "--warmup", "1", "--refresh-every", "2",
+            "--candidates", "50", "--neighbors", "10", "--device", "cpu", "--threads", "1",
+            "--samplers", "uniform", "proximity", "--json", str(out)]
+    assert bench_simclr.main(args) == 0
+    rec = json.loads(out.read_text())
+    assert [r["sampler"] for r in rec["results"]] == ["uniform", "proximity"]
+    for r in rec["results"]:
+        assert r["steps"] == 4 and r["timed_steps"] == 3
+        assert r["images_per_second"] > 0 and 0.0 <= r["sampler_share"] < 1.0
+    assert rec["config"]["device"] == "cpu" and rec["config"]["train_size"] == 300
+    with pytest.raises(SystemExit):
+        bench_simclr.main(args[:-2] + ["--steps", "1", "--warmup", "1"])
