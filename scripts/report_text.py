@@ -314,7 +314,10 @@ def main() -> None:
         w(f"- Mean training losses per run range from {min(losses):.2e} to {max(losses):.2e}. "
           "In SimCSE the positive is the same sentence under another dropout mask; a loss near 0 "
           "means the starting model already ranks that positive far above every in-batch "
-          "negative, so the loss (and its gradient) is small whatever the sampler.")
+          "negative, so the loss (and its gradient) is small whatever the sampler. AdamW "
+          "divides each update by the running RMS of its gradient (eps 1e-8), so even these "
+          "tiny gradients move the weights at the full learning rate: the runs do change the "
+          "model (the Avg moves from the zero-shot value) even though the loss is near 0.")
 
         def diag_mean(rows, key):
             vals = [r["diagnostics"][key] for r in rows]
