@@ -83,8 +83,10 @@ SETUP = """## Setup (what the numbers are)
   available for this work. On a GPU machine, `hardbatch bench simclr --dataset cifar10
   --sampler all --train-size 0 --max-steps 300 --tag gpu-speed --out results/vision` gives
   images/s and the sampler share of step time per sampler (ResNet-18, bf16, channels_last
-  picked automatically); they land in the "runs with overrides" table below. Evaluation
-  embeddings are computed in float32 (no autocast).
+  picked automatically); they land in the "runs with overrides" table below.
+  `python benchmarks/bench_simclr.py --device cuda [--background]` times the same loop without
+  evaluation (images/s, sampler share, slowest sampler call, peak GPU memory; see
+  docs/benchmarks.md). Evaluation embeddings are computed in float32 (no autocast).
 """
 
 
