@@ -55,6 +55,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from ._validation import check_real
+
 __all__ = [
     "DebiasedInfoNCE",
     "HardNegativeInfoNCE",
@@ -78,17 +80,14 @@ _LOG_HALF = -math.log(2.0)
 
 
 def _as_real(name: str, value: object, hint: str) -> float:
-    """``value`` as a Python float: ints, floats, numpy scalars and 0-d tensors; not bools."""
-    if isinstance(value, Tensor) and value.dim() == 0 and not value.is_complex():
-        if value.requires_grad:  # float() would silently cut a learnable value off its gradient
-            raise ValueError(
-                f"{name} must be a constant, got a tensor that requires grad; learnable values "
-                f"are not supported, pass float({name}) to use its current value"
-            )
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be {hint}, got {value!r}")
-    return float(value)
+    """``value`` as a Python float (:func:`check_real`), refusing a tensor that requires grad."""
+    if isinstance(value, Tensor) and value.requires_grad:
+        # float() would silently cut a learnable value off its gradient
+        raise ValueError(
+            f"{name} must be a constant, got a tensor that requires grad; learnable values "
+            f"are not supported, pass float({name}) to use its current value"
+        )
+    return check_real(value, name, hint)
 
 
 def _check_temperature(temperature: float) -> float:
