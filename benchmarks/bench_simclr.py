@@ -37,6 +37,7 @@ import torch
 from _common import machine
 
 import hardbatch as hb
+from hardbatch.cli import _nonnegative_int, _positive_int
 from hardbatch.recipes.simclr import load_images, train_subset
 from hardbatch.train import TrainConfig, Trainer
 from hardbatch.vision import cifar_augment, make_encoder, mnist_augment, projection_head
@@ -107,23 +108,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", choices=("cifar10", "mnist"), default="cifar10")
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
-    ap.add_argument("--steps", type=int, default=300, help="steps per sampler (default 300)")
-    ap.add_argument("--warmup", type=int, default=20, help="first steps not timed (default 20)")
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--train-size", type=int, default=0,
+    ap.add_argument("--steps", type=_positive_int, default=300, help="steps per sampler (default 300)")
+    ap.add_argument("--warmup", type=_nonnegative_int, default=20, help="first steps not timed (default 20)")
+    ap.add_argument("--batch-size", type=_positive_int, default=256)
+    ap.add_argument("--train-size", type=_nonnegative_int, default=0,
                     help="class-balanced training subset (default 0: all training images)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     ap.add_argument("--arch", choices=("auto", "convnet", "resnet18"), default="auto")
     ap.add_argument("--amp", choices=("auto", "none", "bf16", "fp16"), default="auto")
     ap.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto")
-    ap.add_argument("--candidates", type=int, default=500)
-    ap.add_argument("--neighbors", type=int, default=100)
-    ap.add_argument("--refresh-every", type=int, default=100)
+    ap.add_argument("--candidates", type=_positive_int, default=500)
+    ap.add_argument("--neighbors", type=_positive_int, default=100)
+    ap.add_argument("--refresh-every", type=_positive_int, default=100)
     ap.add_argument("--background", action="store_true",
                     help="build graphs / GCBS orders in a worker thread (background=True)")
-    ap.add_argument("--refresh-lag", type=int, default=20,
+    ap.add_argument("--refresh-lag", type=_positive_int, default=20,
                     help="with --background: snapshot this many steps before it is needed")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
     if args.steps <= args.warmup:

@@ -278,3 +278,5 @@ def test_throughput_benchmark_script(data_root, tmp_path):
     assert rec["config"]["device"] == "cpu" and rec["config"]["train_size"] == 300
     with pytest.raises(SystemExit):
         bench_simclr.main(args[:-2] + ["--steps", "1", "--warmup", "1"])
+    with pytest.raises(SystemExit):
+        bench_simclr.main(args + ["--warmup", "-1"])
