@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import time
 from collections import defaultdict
@@ -80,7 +81,7 @@ def fmt(values: list[float], digits: int = 2) -> str:
 
 def r_base(tag: str | None) -> str:
     """A run tag without its options hash (``n5120_steps80_hc5d607`` -> ``n5120_steps80``)."""
-    return (tag or "").split("_h")[0]
+    return re.sub(r"_h[0-9a-f]{6}$", "", tag or "")
 
 
 def load(results: Path):
@@ -202,7 +203,7 @@ def main() -> None:
           + f" | {fmt(avgs)} | {delta} |")
     w("")
     ablations = [r for t, g in groups.items() if t != main_tag and main_tag
-                 and t.split("_h")[0] == main_tag.split("_h")[0] for r in g]
+                 and r_base(t) == r_base(main_tag) for r in g]
     if ablations:
         w("Trained ablations: the same runs with sampler options other than the grid's (tag "
           "suffix `_h...`); Δ against `default` + MNRL with the same seed; hardness as in the "
@@ -223,17 +224,22 @@ def main() -> None:
               + (f"{statistics.mean(d):+.2f}" if d else "") + " | "
               + fmt([r["diagnostics"]["mean_hardness"] for r in rs], 3) + " |")
         w("")
-    w("Published numbers (BERT-base, 1M Wikipedia sentences, 7 tasks; 6-task Avg recomputed "
-      "without SICK-R):\n")
+    w("Published numbers (BERT-base, 7 tasks; 6-task Avg recomputed without SICK-R). The "
+      "BatchSampler rows are unsupervised SimCSE on 1M Wikipedia sentences, the GCBS rows "
+      "*supervised* SimCSE (NLI pairs):\n")
     w("| paper row | " + " | ".join(SHORT.get(t, t) for t in TASKS) + " | SICK-R | Avg (7) | "
       "Avg (6) |")
     w("|" + "---|" * (len(TASKS) + 4))
     for name, vals, sick, avg7 in PAPER:
         w(f"| *{name}* | " + " | ".join(f"{v:.2f}" for v in vals)
           + f" | {sick:.2f} | {avg7:.2f} | {statistics.mean(vals):.2f} |")
-    w("\nPaper deltas: BatchSampler +1.09 Avg (7 tasks) over SimCSE-BERT (+1.53 on the 6 tasks "
-      "here); kNN sampler -3.29; GCBS +0.62 Avg (7 tasks) over *supervised* SimCSE-BERT "
-      "(+0.75 on 6).\n")
+    def paper_delta(i: int, j: int) -> str:
+        d7 = PAPER[i][3] - PAPER[j][3]
+        d6 = statistics.mean(PAPER[i][1]) - statistics.mean(PAPER[j][1])
+        return f"{d7:+.2f} Avg (7 tasks), {d6:+.2f} on the 6 tasks here"
+
+    w(f"\nPaper deltas: BatchSampler {paper_delta(2, 0)}, over SimCSE-BERT; kNN sampler "
+      f"{paper_delta(1, 0)}; GCBS {paper_delta(4, 3)}, over *supervised* SimCSE-BERT.\n")
 
     # ------------------------------------------------------------------ diagnostics
     w("## Batch diagnostics\n")
@@ -261,7 +267,9 @@ def main() -> None:
         w("The graphs / orders are built once from the starting model, so a run's batches depend "
           "only on sampler, seed and starting embeddings: `hardbatch bench simcse --plan-only` "
           "draws the same number of batches and scores them (the trained runs' hardness above "
-          "matches). `pairs > c` = share of in-batch pairs with starting-model cosine above c. "
+          "agrees to 3 decimals: a run's starting embeddings come from the precomputed 100k-"
+          "sentence file, a fresh encoding or its cache - `config.start_embeddings` - which differ "
+          "by float rounding, enough to change a walk's step now and then). `pairs > c` = share of in-batch pairs with starting-model cosine above c. "
           "Rows with options other than the grid's are ablations (plan only, not trained).\n")
         w("| sampler | options | seeds | hardness | mean negative cos | pairs > 0.5 | "
           "pairs > 0.7 | pairs > 0.8 | pairs > 0.9 |")
@@ -279,8 +287,8 @@ def main() -> None:
               f"{fmt([d['mean_mean_negative_similarity'] for d in ds], 3)} | "
               + " | ".join(fmt([d['mean_pairs_above'][t] for d in ds], 5)
                            for t in ("0.5", "0.7", "0.8", "0.9")) + " |")
-        top = max(d["plan_diagnostics"]["mean_pairs_above"]["0.9"] for d in plans)
-        w(f"\nAcross all plans at most {100 * top:.4f}% of in-batch pairs have a starting-model "
+        top = max(d["mean_pairs_above"]["0.9"] for ds in pg.values() for d in ds)
+        w(f"\nAcross the plans above at most {100 * top:.4f}% of in-batch pairs have a starting-model "
           "cosine above 0.9: by this proxy false negatives are rare for every sampler at this "
           "data size.\n")
         w("Why the proximity batches are only slightly harder than uniform ones: each sentence "

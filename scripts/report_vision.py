@@ -35,9 +35,9 @@ PAPERS = """## The papers' numbers (context, not comparable settings)
 
 | paper | setting | baseline | with the method |
 |---|---|---:|---:|
-| BatchSampler (Yang et al., KDD 2023), Table 1 | SimCLR, CIFAR-10, ResNet-50, 1000 epochs, linear eval | 92.13 (SimCLR) | 92.54 (+ BatchSampler) |
-| GCBS (Sachidananda et al.) | SimCLR, CIFAR-10, kNN accuracy | 87.5 (uniform) | 89.8 (GCBS) |
-| SSCL (Dong et al.), Table 1 | CIFAR-10, ResNet-18, 200 epochs, linear eval | 82.35 (SimCLR) | 86.20 (SSCL) |
+| BatchSampler (Yang et al., KDD 2023), Table 8 (App. B.1) | SimCLR, CIFAR-10, ResNet-50, 1000 epochs, linear eval | 92.13 (SimCLR) | 92.54 (+ BatchSampler) |
+| GCBS (Sachidananda et al.), Table 4 | SimCLR, CIFAR-10, kNN accuracy | 87.5 (uniform) | 89.8 (GCBS) |
+| SSCL (Dong et al.), Table 3 | CIFAR-10, ResNet-18, 200 epochs, linear eval | 82.35 (SimCLR) | 86.20 (SSCL) |
 
 Ours are short CPU runs of a compact ConvNet (setup below): the absolute accuracies are far
 below these, and only the differences between rows at equal steps are of interest.
@@ -50,14 +50,13 @@ SETUP = """## Setup (what the numbers are)
   `nohup scripts/vision_grid.sh > results/vision/grid.log 2>&1 &` (resumable: finished JSONs are
   skipped, a killed run resumes from its per-epoch checkpoint). The exact command, machine, torch
   version and wall time of every run are in its JSON and in the per-run table below.
-- Training (`hardbatch.train.Trainer`): SimCLR, two views per image made by
-  `hardbatch.vision.cifar_augment()` (random resized crop scale 0.2-1, aspect 3/4-4/3, flip 0.5,
-  colour jitter 0.4/0.4/0.4/0.1 with p 0.8, grayscale 0.2) as batched tensor ops on the batch's
-  device; one forward pass over both views; projection head Linear-BN-ReLU-Linear to 128 d;
+- Training (`hardbatch.train.Trainer`): SimCLR, two views per image made by batched tensor
+  augmentations on the batch's device (per dataset, from the runs' `config.augment`: see
+  "Augmentations and data per dataset" below); one forward pass over both views; projection head Linear-BN-ReLU-Linear to 128 d;
   temperature 0.5, batch 256, Adam lr 1e-3 (weight decay 1e-6), one torch thread.
 - Default CPU setting: the compact `ConvNet` (4 stages conv3x3-BN-ReLU 32/64/128/256, max pools,
-  global average pool, 256-d features), a fixed class-balanced subset of 10,000 CIFAR-10 training
-  images (the same for every run), 10 epochs = 400 steps for every row. `--train-size 0 --epochs
+  global average pool, 256-d features), a fixed class-balanced subset of each dataset's training
+  images (the same for every run; sizes below), 10 epochs = 400 steps for every row. `--train-size 0 --epochs
   14` (2,744 steps over all 50,000 images) is the "about one hour per run" setting; with CUDA the
   recipe picks ResNet-18 (CIFAR stem), bf16 autocast and channels_last.
 - Samplers read an `EmbeddingBank` of the anchor view's projections from the training forward
@@ -67,8 +66,8 @@ SETUP = """## Setup (what the numbers are)
 - Losses: InfoNCE (SimCLR / NT-Xent form), DebiasedInfoNCE (tau+ 0.1), HardNegativeInfoNCE
   (tau+ 0.1, beta 1), SSCLLoss (beta 1.0, tau+ 0.1, s 32 hardest, k 8 synthetic).
 - Evaluation on the frozen 256-d encoder features (before the head): weighted kNN (k 200, t 0.1)
-  every 2 epochs (and before training, step 0), train features = the 10,000 training images,
-  queries = the 10,000 CIFAR-10 test images; linear probe (logistic regression, L-BFGS,
+  every 2 epochs (and before training, step 0), train features = the training subset,
+  queries = the dataset's test images (sizes below); linear probe (logistic regression, L-BFGS,
   standardised features) at the end.
 - Diagnostics (labels are used for these only): false-negative rate = share of same-class pairs
   in a batch (uniform: about 0.1 for 10 balanced classes), hardness = mean top-1 in-batch cosine
@@ -77,7 +76,11 @@ SETUP = """## Setup (what the numbers are)
   step time (which includes the augmentations); images/s = training images (2 views each) per
   second of step time.
 - "Beyond seed noise": the difference of the means exceeds twice its standard error
-  `sqrt(s1^2/n1 + s2^2/n2)` (needs >= 2 seeds on both rows).
+  `sqrt(s1^2/n1 + s2^2/n2)` (needs >= 2 seeds on both rows). A row with fewer seeds than the
+  baseline is compared with the baseline's runs of the same seeds only ("vs same seeds").
+- Wall time per run: `wall_time_s`; for a run resumed from its checkpoint (`resumed` in the JSON)
+  the sum of its training and evaluation time over all sessions instead, since `wall_time_s`
+  covers only the last session.
 - The GPU path (device, channels_last, bf16/fp16 autocast, augmentations on the GPU) is written
   and tested on the CPU only (`device="cpu"`); it has not been benchmarked: no GPU was
   available for this work. On a GPU machine, `hardbatch bench simclr --dataset cifar10
@@ -126,6 +129,33 @@ def _mean(values, fmt="{:.3f}") -> str:
     return fmt.format(statistics.fmean(values)) if values else "—"
 
 
+def _wall(r: dict) -> float:
+    """Seconds a run took; a resumed run's ``wall_time_s`` covers only its last session."""
+    if r.get("resumed") and r.get("train_time_s") is not None:
+        return r["train_time_s"] + r.get("eval_time_s", 0.0)
+    return r["wall_time_s"]
+
+
+def data_setup(runs: list[dict]) -> list[str]:
+    """Per dataset: training / test sizes and the augmentation parameters, from the runs' config."""
+    out = ["### Augmentations and data per dataset (from the runs' `config`)", ""]
+    for ds in sorted({r["dataset"] for r in runs}):
+        cfgs = {json.dumps({k: r["config"].get(k) for k in ("augment", "train_size", "test_size")},
+                           sort_keys=True) for r in runs if r["dataset"] == ds}
+        for c in sorted(cfgs):
+            c = json.loads(c)
+            a = c.get("augment") or {}
+            out.append(
+                f"- {ds}: {c.get('train_size')} training images (class-balanced subset), "
+                f"{c.get('test_size')} test images; random resized crop scale "
+                f"{a.get('scale')}, aspect {[round(x, 3) for x in a.get('ratio', [])]}, rotation "
+                f"{a.get('rotation')} deg, shear {a.get('shear')} deg, flip {a.get('flip')}, colour "
+                f"jitter {a.get('jitter')} (brightness / contrast / saturation / hue) with p "
+                f"{a.get('jitter_p')}, grayscale {a.get('grayscale')}, padding "
+                f"`{a.get('padding_mode')}`.")
+    return out + [""]
+
+
 def _delta(a: list[float], b: list[float]) -> str:
     """Mean difference a - b (points) and whether it exceeds 2 standard errors."""
     if not a or not b:
@@ -142,8 +172,7 @@ def table(runs: list[dict], rows: list[tuple[str, str]]) -> list[str]:
     by = defaultdict(list)
     for r in runs:
         by[(r["sampler"], r["loss"])].append(r)
-    base = [r["knn_accuracy"] for r in by[("uniform", "infonce")]]
-    base_lin = [r["linear_probe_accuracy"] for r in by[("uniform", "infonce")]]
+    base_runs = {r["seed"]: r for r in by[("uniform", "infonce")]}
     out = ["| sampler | loss | seeds | kNN acc | Δ kNN vs uniform/InfoNCE | linear acc | "
            "Δ linear | false-neg rate | last-epoch FN rate | hardness | coverage | images/s | "
            "sampler / step | wall / run |",
@@ -153,17 +182,23 @@ def table(runs: list[dict], rows: list[tuple[str, str]]) -> list[str]:
         knn = [r["knn_accuracy"] for r in rs]
         lin = [r["linear_probe_accuracy"] for r in rs]
         is_base = (s, l) == ("uniform", "infonce")
+        seeds = {r["seed"] for r in rs}
+        same = seeds >= set(base_runs) or not seeds <= set(base_runs)
+        bs = [base_runs[k] for k in sorted(base_runs) if same or k in seeds]
+        base = [r["knn_accuracy"] for r in bs]
+        base_lin = [r["linear_probe_accuracy"] for r in bs]
+        note = "" if same else " vs same seeds"
         out.append(
             f"| {SAMPLER_NAME[s]} | {LOSS_NAME[l]} | {len(rs)}/{PLANNED_SEEDS} | {_ms(knn)} | "
-            f"{'(baseline)' if is_base else _delta(knn, base)} | {_ms(lin)} | "
-            f"{'(baseline)' if is_base else _delta(lin, base_lin)} | "
+            f"{'(baseline)' if is_base else _delta(knn, base) + note} | {_ms(lin)} | "
+            f"{'(baseline)' if is_base else _delta(lin, base_lin) + note} | "
             f"{_mean([r['mean_false_negative_rate'] for r in rs])} | "
             f"{_mean([r['last_epoch_false_negative_rate'] for r in rs])} | "
             f"{_mean([r['mean_hardness'] for r in rs])} | "
             f"{_mean([r['last_epoch_coverage'] for r in rs])} | "
             f"{_mean([r['images_per_second'] for r in rs], '{:.0f}')} | "
             f"{_mean([100 * r['sampler_share'] for r in rs], '{:.1f}%')} | "
-            f"{_mean([r['wall_time_s'] / 60 for r in rs], '{:.1f} min')} |")
+            f"{_mean([_wall(r) / 60 for r in rs], '{:.1f} min')} |")
     return out
 
 
@@ -177,7 +212,7 @@ def per_run(runs: list[dict]) -> list[str]:
         out.append(f"| {r['_file']} | {r['seed']} | {r['steps']} | {100 * r['knn_accuracy']:.2f} | "
                    f"{100 * r['linear_probe_accuracy']:.2f} | "
                    f"{r['mean_false_negative_rate']:.3f} | {r['images_per_second']:.0f} | "
-                   f"{r['wall_time_s'] / 60:.1f} min | {machine} | {env.get('finished', '?')} | "
+                   f"{_wall(r) / 60:.1f} min{' (resumed)' if r.get('resumed') else ''} | {machine} | {env.get('finished', '?')} | "
                    f"`{r.get('command', '')}` |")
     return out
 
@@ -259,6 +294,7 @@ def main() -> int:
                       "(mean over finished seeds). Right: false-negative rate of the training "
                       "batches per sampler (InfoNCE runs), moving mean of 10 steps.", ""]
     lines += PAPERS.splitlines() + [""] + SETUP.splitlines() + [""]
+    lines += data_setup([r for r in runs if not r.get("tag")])
     lines += ["## Every finished run", ""] + per_run([r for r in runs if not r.get("tag")]) + [""]
     if tagged:
         lines += ["## Runs with overrides (tagged; not in the tables)", ""] + per_run(tagged)
