@@ -151,7 +151,8 @@ def main() -> None:
       "`proximity` = proximity graph (M 1000 random candidates, K 500 kept, capped to N/2 and "
       "M/2) + random walk with restart alpha 0.7 (BatchSampler's setting for pre-trained language "
       "models), `gcbs` = GCBS (quantile 0.999). Graphs / orders are built **once** from the "
-      "starting model's embeddings of the training sentences (as BatchSampler does for SimCSE); "
+      "starting model's embeddings of the training sentences (as BatchSampler does for SimCSE), "
+      "encoded at the model's own length limit (256 tokens; training truncates to 32); "
       "no refresh.")
     w("- Losses: `MNRL` = sentence-transformers' `MultipleNegativesRankingLoss`; `InfoNCE` / "
       "`DCL` / `HCL` = hardbatch's losses in SimCSE form through `SentenceTransformerLoss` "

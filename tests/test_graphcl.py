@@ -220,3 +220,121 @@ def test_csr_message_passing_matches_edge_index(mutag):
     expected = torch.cat(ref, 1)
     assert torch.allclose(enc(x, ei, bt, 40), expected, atol=1e-5)
     assert torch.allclose(enc(x, ei, bt, 40, undirected=False), expected, atol=1e-5)
+
+
+# ------------------------------------------------------------- GraphCL's released augmentations
+def _released_reference(graphs, rng):
+    """Per-graph transcription of GraphCL's released ``TUDataset_aug.get`` (self-loops, one of
+    ``drop_nodes`` / ``permute_edges`` / ``subgraph`` / ``mask_nodes`` via dense adjacency),
+    then ``gsimclr.py``'s batch filter (nodes without edges removed, self-loops dropped)."""
+    anchors, views = [], []
+    for x, ei in graphs:
+        x = x.clone()
+        n = x.shape[0]
+        node_num = int(ei.max()) if ei.numel() else 0
+        sl = torch.tensor([[i, i] for i in range(node_num)], dtype=torch.int64).reshape(-1, 2).t()
+        ei = torch.cat((ei, sl), dim=1)
+        anchors.append(ei)
+        c = rng.randint(4)
+        e = ei.numpy()
+        if c in (0, 2):
+            if c == 0:
+                idx_drop = rng.choice(n, int(n / 10), replace=False)
+                idx_nondrop = [i for i in range(n) if i not in idx_drop]
+            else:
+                sub_num = int(n * 0.2)
+                idx_sub = [rng.randint(n, size=1)[0]]
+                idx_neigh = set([j for j in e[1][e[0] == idx_sub[0]]])
+                count = 0
+                while len(idx_sub) <= sub_num:
+                    count = count + 1
+                    if count > n:
+                        break
+                    if len(idx_neigh) == 0:
+                        break
+                    sample_node = rng.choice(list(idx_neigh))
+                    if sample_node in idx_sub:
+                        continue
+                    idx_sub.append(sample_node)
+                idx_nondrop = idx_sub
+            adj = torch.zeros((n, n))
+            adj[e[0], e[1]] = 1
+            adj[idx_nondrop, :] = 0
+            adj[:, idx_nondrop] = 0
+            ea = adj.nonzero().t()
+        elif c == 1:
+            m = e.shape[1]
+            ea = torch.tensor(e.T[rng.choice(m, m - int(m / 10), replace=False)]).t()
+        else:
+            idx_mask = rng.choice(n, int(n / 10), replace=False)
+            x[idx_mask] = torch.tensor(rng.normal(loc=0.5, scale=0.5, size=(len(idx_mask),
+                                                                             x.shape[1])),
+                                       dtype=torch.float32)
+            ea = ei
+        views.append((x, ea, c))
+    # collate, then gsimclr.py's filter on the whole batch
+    offs = np.cumsum([0] + [g[0].shape[0] for g in graphs])
+    x_all = torch.cat([v[0] for v in views])
+    batch = torch.cat([torch.full((g[0].shape[0],), i) for i, g in enumerate(graphs)])
+    edge_idx = torch.cat([v[1] + offs[i] for i, v in enumerate(views)], dim=1).numpy()
+    node_num = x_all.shape[0]
+    idx_not_missing = [i for i in range(node_num) if (i in edge_idx[0] or i in edge_idx[1])]
+    idx_dict = {idx_not_missing[i]: i for i in range(len(idx_not_missing))}
+    aug_edges = [[idx_dict[edge_idx[0, k]], idx_dict[edge_idx[1, k]]]
+                 for k in range(edge_idx.shape[1]) if not edge_idx[0, k] == edge_idx[1, k]]
+    anchor = torch.cat([a + offs[i] for i, a in enumerate(anchors)], dim=1)
+    return (anchor, x_all[idx_not_missing], aug_edges, batch[idx_not_missing],
+            [v[2] for v in views])
+
+
+def test_augment_released_matches_released_code(mutag):
+    ids = torch.arange(0, 188, 3)
+    b = mutag.collate(ids)
+    graphs = [(mutag[int(i)].x, mutag[int(i)].edge_index) for i in ids]
+    for seed in range(4):
+        anchor, xa, eia, ba, info = graphcl.augment_released(
+            b.x, b.edge_index, b.batch, b.num_graphs, np.random.RandomState(seed))
+        r_anchor, r_x, r_edges, r_batch, r_choice = _released_reference(
+            graphs, np.random.RandomState(seed))
+        assert info["choice"].tolist() == r_choice
+        assert set(map(tuple, anchor.t().tolist())) == set(map(tuple, r_anchor.t().tolist()))
+        assert anchor.shape == r_anchor.shape
+        assert torch.equal(xa, r_x) and torch.equal(ba, r_batch)
+        assert sorted(map(tuple, eia.t().tolist())) == sorted(map(tuple, r_edges))
+    assert set(r_choice) == {0, 1, 2, 3}
+
+
+def test_released_self_loops_rule():
+    # graph 0: nodes 0-3, edges 0-1, 1-2 (node 3 isolated); graph 1: nodes 4-5, no edges
+    ei = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    batch = torch.tensor([0, 0, 0, 0, 1, 1])
+    out = graphcl.released_self_loops(ei, batch, 2)
+    loops = out[:, 4:]
+    assert loops.tolist() == [[0, 1], [0, 1]]  # local ids < max id 2; none for graph 1
+
+
+def test_aug_style_released_run_and_tag(data_root, tmp_path):
+    out = tmp_path / "res"
+    argv = ["--dataset", "MUTAG", "--data-dir", str(data_root), "--cache-dir",
+            str(tmp_path / "cache"), "--sampler", "uniform", "--loss", "infonce",
+            "--seeds", "1", "--epochs", "1", "--aug-style", "released", "--out", str(out)]
+    assert graphcl.main(argv) == 0
+    (f,) = out.glob("*.json")
+    assert f.name == "MUTAG__uniform__infonce__seed0__e1-augreleased.json"
+    rec = json.loads(f.read_text())
+    assert rec["config"]["aug_style"] == "released" and 0.5 <= rec["accuracy"] <= 1.0
+    with pytest.raises(ValueError, match="--aug-style released"):
+        graphcl.main(argv[:-2] + ["--aug-ratio", "0.1", "--out", str(out)])
+
+
+def test_tag_hashes_other_options():
+    p = graphcl.build_parser()
+    hyper = graphcl.hyper_for("MUTAG")
+    base = p.parse_args(["--dataset", "MUTAG"])
+    assert graphcl._tag(base, hyper) == ""  # the paper's configuration: no tag
+    same = p.parse_args(["--dataset", "MUTAG", "--candidates", "100", "--temperature", "0.2"])
+    assert graphcl._tag(same, hyper) == ""  # explicit paper values are the paper's config
+    tags = {graphcl._tag(p.parse_args(["--dataset", "MUTAG"] + extra), hyper)
+            for extra in (["--temperature", "0.5"], ["--tau-plus", "0.3"],
+                          ["--candidates", "150"], ["--neighbors", "20"], ["--lr", "0.001"])}
+    assert len(tags) == 5 and all(t.startswith("h") and len(t) == 7 for t in tags)

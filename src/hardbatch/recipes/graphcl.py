@@ -12,10 +12,15 @@ Model and training follow GraphCL's ``unsupervised_TU`` code: GIN layers
 projection head ``Linear-ReLU-Linear`` (96-96-96); Xavier-uniform init; Adam lr 0.01;
 temperature 0.2. Views (``--views``): ``orig+aug`` (default, GraphCL's released code: the anchor
 is the original graph, the positive one augmentation drawn per graph from the four) or
-``aug+aug`` (both views augmented independently, the paper's description). Augmentations at
-ratio 0.2 (node dropping, edge perturbation = removal of undirected edges as in the released
-code, attribute masking with N(0.5, 0.5) noise, subgraph = random BFS expansion keeping 80% of
-the nodes) are applied to a whole collated batch at once (:func:`augment`).
+``aug+aug`` (both views augmented independently, the paper's description). Augmentations
+(``--aug-style paper``, default) follow the GraphCL paper's description at ratio 0.2: node
+dropping, edge perturbation (removal of undirected edges, as the released code only removes),
+attribute masking with N(0.5, 0.5) noise (the released code's), subgraph = random expansion
+keeping 80% of the nodes; applied to a whole collated batch at once (:func:`augment`).
+``--aug-style released`` reproduces the released ``unsupervised_TU`` code instead, which differs
+(:func:`augment_released`: 10% ratios, node dropping that keeps only the chosen nodes' edges, a
+subgraph that removes the start node's neighbourhood, self-loops on the anchor and evaluated
+graphs).
 
 Samplers read an :class:`hardbatch.EmbeddingBank` of the anchor view's readout, updated (detached)
 at every training step. The bank starts from one encoding pass of the untrained encoder
@@ -32,6 +37,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import sys
 import time
@@ -54,9 +61,11 @@ __all__ = [
     "GraphCL",
     "add_graphcl_parser",
     "augment",
+    "augment_released",
     "build_parser",
     "evaluate_embeddings",
     "main",
+    "released_self_loops",
     "result_path",
     "run_graphcl",
     "run_one",
@@ -84,9 +93,10 @@ DEFAULTS = {
     "PROTEINS": Hyper(128, 20, 50, 500, 100),
     "MUTAG": Hyper(128, 20, 50, 100, 50),
     "NCI1": Hyper(128, 20, 50, 1000, 100),
+    "IMDB-MULTI": Hyper(128, 50, 25, 500, 100),
 }
 FALLBACK = Hyper(128, 20, 50, 1000, 100)
-ALIASES = {"IMDB-B": "IMDB-BINARY", "REDDIT-B": "REDDIT-BINARY"}
+ALIASES = {"IMDB-B": "IMDB-BINARY", "IMDB-M": "IMDB-MULTI", "REDDIT-B": "REDDIT-BINARY"}
 
 
 # ------------------------------------------------------------------------------- augmentations
@@ -224,8 +234,9 @@ def augment(x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: int, ratio
     torch.cumsum(counts, 0, out=ptr[1:])
     src, dst = edge_index
     order = None
-    if src.numel() > 1 and not bool((src[1:] >= src[:-1]).all()):
-        order = torch.argsort(src * max(n, 1) + dst)
+    key = src * max(n, 1) + dst  # the reverse-edge lookup needs rows sorted by column too
+    if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):
+        order = torch.argsort(key)
         src, dst = src[order], dst[order]
     rowptr = torch.zeros(n + 1, dtype=torch.int64)
     torch.cumsum(torch.bincount(src, minlength=n), 0, out=rowptr[1:])
@@ -245,6 +256,111 @@ def augment(x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: int, ratio
     new_id = torch.cumsum(keep.long(), 0) - 1
     ei = new_id[edge_index[:, edge_keep]]
     return x_out[keep], ei, batch[keep], {"choice": choice}
+
+
+def released_self_loops(edge_index: Tensor, batch: Tensor, num_graphs: int) -> Tensor:
+    """The self-loops GraphCL's released ``TUDataset_aug.get`` adds to every graph.
+
+    ``get`` appends ``(i, i)`` for the local node ids ``i < edge_index.max()`` of the graph, so
+    the node with the largest id that has an edge (and any later, isolated node) gets none, and
+    a graph without edges gets none. The anchor view and the evaluated graphs of the released
+    code carry these loops (GIN then weights a node's own features twice); its augmented view
+    drops them again. Args: edge_index [2, E], batch [n] (sorted), G. Returns [2, E + loops].
+    """
+    n = batch.numel()
+    if edge_index.shape[1] == 0 or n == 0:
+        return edge_index
+    top = torch.full((num_graphs,), -1, dtype=torch.int64)
+    top = top.scatter_reduce(0, batch[edge_index[0]], edge_index.max(0).values, "amax")
+    node = torch.arange(n)
+    loops = node[node < top[batch]]
+    return torch.cat([edge_index, torch.stack([loops, loops])], dim=1)
+
+
+def augment_released(x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: int,
+                     rng: np.random.RandomState) -> tuple[Tensor, Tensor, Tensor, Tensor, dict]:
+    """GraphCL's released ``unsupervised_TU`` views (``aug.py`` + ``gsimclr.py``, ``aug=random4``).
+
+    Reproduces the released code, which differs from the GraphCL paper's description; the
+    numbers of the BatchSampler paper's GraphCL rows come from that code. Per graph (n nodes,
+    edges with :func:`released_self_loops`), one of four drawn uniformly:
+
+    - ``drop_nodes``: ``int(n / 10)`` random nodes are chosen, and the edges *among them* are
+      kept (the released code zeroes the adjacency of the nodes it does not drop);
+    - ``permute_edges``: ``int(E / 10)`` of the E directed entries (self-loops included) are
+      removed, independently per direction, nothing is added;
+    - ``subgraph``: a random start node plus up to ``int(0.2 n)`` distinct random neighbours
+      *of the start node* (the neighbour set never grows) are chosen, and the edges among the
+      other nodes are kept;
+    - ``mask_nodes``: the features of ``int(n / 10)`` random nodes become N(0.5, 0.5) noise.
+
+    Then, as ``gsimclr.py`` does for the whole batch: nodes without any remaining edge
+    (self-loops count) are removed and self-loops are dropped. The view is directed in general
+    (edge perturbation), so it must be aggregated along ``edge_index`` (source -> target).
+
+    Args:
+        x [n, F], edge_index [2, E] (undirected, no self-loops, grouped by graph), batch [n]
+        (sorted), G, a NumPy ``RandomState`` (drives every draw, in the released code's order).
+
+    Returns:
+        ``(anchor_edge_index, x_aug, edge_index_aug, batch_aug, info)``: the anchor's edges with
+        the released self-loops (its nodes and features are unchanged), the augmented view
+        (graph ids unchanged), ``info = {"choice": [G]}`` (0..3 in the order above).
+    """
+    anchor = released_self_loops(edge_index, batch, num_graphs)
+    counts = np.bincount(batch.numpy(), minlength=num_graphs)
+    ptr = np.concatenate([[0], np.cumsum(counts)])
+    ei = anchor.numpy()
+    order = np.argsort(batch.numpy()[ei[0]], kind="stable")
+    ei = ei[:, order]
+    eptr = np.searchsorted(batch.numpy()[ei[0]], np.arange(num_graphs + 1))
+    x_aug = x.clone()
+    present = np.zeros(batch.numel(), dtype=bool)
+    kept_edges, choice = [], np.empty(num_graphs, dtype=np.int64)
+    for g in range(num_graphs):
+        a, n = int(ptr[g]), int(counts[g])
+        e = ei[:, eptr[g]:eptr[g + 1]] - a
+        c = choice[g] = rng.randint(4)
+        if n == 0:
+            continue
+        if c == 0:
+            chosen = rng.choice(n, int(n / 10), replace=False)
+            keep = np.isin(e[0], chosen) & np.isin(e[1], chosen)
+        elif c == 1:
+            m = e.shape[1]
+            keep = np.zeros(m, dtype=bool)
+            keep[rng.choice(m, m - int(m / 10), replace=False)] = True
+        elif c == 2:
+            sub_num = int(n * 0.2)
+            idx_sub = [rng.randint(n, size=1)[0]]
+            idx_neigh = set(e[1][e[0] == idx_sub[0]])
+            count = 0
+            while len(idx_sub) <= sub_num:
+                count += 1
+                if count > n or not idx_neigh:
+                    break
+                node = rng.choice(list(idx_neigh))
+                if node not in idx_sub:
+                    idx_sub.append(node)
+            keep = ~np.isin(e[0], idx_sub) & ~np.isin(e[1], idx_sub)
+        else:
+            chosen = rng.choice(n, int(n / 10), replace=False)
+            noise = rng.normal(loc=0.5, scale=0.5, size=(len(chosen), x.shape[1]))
+            x_aug[torch.from_numpy(a + chosen)] = torch.from_numpy(noise).to(x.dtype)
+            keep = np.ones(e.shape[1], dtype=bool)
+        kept = e[:, keep]
+        if c in (0, 2):  # adjacency-matrix round trip: duplicates merged, rows sorted
+            kept = np.unique(kept[0] * n + kept[1])
+            kept = np.stack([kept // n, kept % n])
+        kept = kept + a
+        present[kept[0]] = True
+        present[kept[1]] = True
+        kept_edges.append(kept[:, kept[0] != kept[1]])
+    keep_t = torch.from_numpy(present)
+    new_id = torch.cumsum(keep_t.long(), 0) - 1
+    eo = (torch.from_numpy(np.concatenate(kept_edges, axis=1)) if kept_edges
+          else torch.zeros(2, 0, dtype=torch.int64))
+    return anchor, x_aug[keep_t], new_id[eo], batch[keep_t], {"choice": torch.from_numpy(choice)}
 
 
 # ------------------------------------------------------------------------------- model
@@ -313,20 +429,24 @@ class GraphCL(nn.Module):
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
 
-    def forward(self, x, edge_index, batch, num_graphs) -> tuple[Tensor, Tensor]:
-        h = self.encoder(x, edge_index, batch, num_graphs)
+    def forward(self, x, edge_index, batch, num_graphs,
+                undirected: bool = True) -> tuple[Tensor, Tensor]:
+        h = self.encoder(x, edge_index, batch, num_graphs, undirected)
         return h, self.proj_head(h)
 
 
 @torch.no_grad()
-def embed_all(model: GraphCL, dataset, batch_size: int = 512) -> Tensor:
-    """Readout [G, 96] of every graph, in dataset order (eval mode: BatchNorm running stats)."""
+def embed_all(model: GraphCL, dataset, batch_size: int = 512, self_loops: bool = False) -> Tensor:
+    """Readout [G, 96] of every graph, in dataset order (eval mode: BatchNorm running stats);
+    ``self_loops``: with :func:`released_self_loops` (``--aug-style released``)."""
     was = model.training
     model.eval()
     out = []
     for s in range(0, len(dataset), batch_size):
         b = dataset.collate(torch.arange(s, min(len(dataset), s + batch_size)))
-        out.append(model.encoder(b.x, b.edge_index, b.batch, b.num_graphs))
+        ei = released_self_loops(b.edge_index, b.batch, b.num_graphs) if self_loops \
+            else b.edge_index
+        out.append(model.encoder(b.x, ei, b.batch, b.num_graphs))
     model.train(was)
     return torch.cat(out)
 
@@ -419,7 +539,30 @@ def _tag(args, hyper: Hyper) -> str:
         parts.append("svmrbf")
     if args.aug_ratio != 0.2:
         parts.append(f"r{args.aug_ratio:g}")
+    if _aug_style(args) != "paper":
+        parts.append(f"aug{_aug_style(args)}")
+    # any other non-default option: a short hash, so a sweep never reuses (or is taken for) the
+    # paper configuration's result files
+    changed = {k: getattr(args, k) for k, v in _HASHED_DEFAULTS.items()
+               if getattr(args, k, v) is not None and getattr(args, k, v) != v}
+    for key, paper in (("refresh_every", hyper.refresh_every), ("candidates", hyper.candidates),
+                       ("neighbors", hyper.neighbors)):
+        value = getattr(args, key, None)
+        if value is not None and value != paper:
+            changed[key] = value
+    if changed:
+        digest = hashlib.sha1(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:6]
+        parts.append(f"h{digest}")
     return "-".join(parts)
+
+
+# CLI defaults whose change (not named in the tag otherwise) adds the options hash to the tag
+_HASHED_DEFAULTS = {"temperature": 0.2, "lr": 0.01, "tau_plus": 0.1, "beta": 1.0,
+                    "degree_cap": 64}
+
+
+def _aug_style(args) -> str:
+    return getattr(args, "aug_style", "paper")
 
 
 def result_path(out: Path, dataset: str, sampler: str, loss: str, seed: int, tag: str = "") -> Path:
@@ -486,7 +629,8 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
           "restart": {"schedule": "LinearDecay", "start": 0.2, "end": 0.05},
           "gcbs_quantile": gcbs_quantile(n, bsz), "temperature": args.temperature,
           "lr": args.lr, "hidden": 32, "layers": 3, "aug_ratio": args.aug_ratio,
-          "augmentations": list(AUGS), "views": args.views, "loss_form": "simcse",
+          "augmentations": list(AUGS), "aug_style": _aug_style(args), "views": args.views,
+          "loss_form": "simcse",
           "tau_plus": args.tau_plus if loss_name in ("dcl", "hcl") else None,
           "beta": args.beta if loss_name == "hcl" else None,
           "features": dataset.feature_kind, "num_features": dataset.num_features,
@@ -497,6 +641,8 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
     torch.manual_seed(seed)
     np.random.seed(seed)
     gen = torch.Generator().manual_seed(seed + 7919)
+    released = _aug_style(args) == "released"
+    np_rng = np.random.RandomState(seed + 7919)
     model = GraphCL(dataset.num_features)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = _make_loss(loss_name, args.temperature, args.tau_plus, args.beta)
@@ -505,7 +651,7 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
     bank = EmbeddingBank(n, model.encoder.out_dim, seed=seed)
     if args.bank_init == "encode" and sampler_name != "uniform":
         t0 = time.perf_counter()
-        bank.embeddings.copy_(embed_all(model, dataset))
+        bank.embeddings.copy_(embed_all(model, dataset, self_loops=released))
         timings["bank_init"] = time.perf_counter() - t0
     sampler = _make_sampler(sampler_name, bank, n, hp, seed)
     if args.loader == "pyg":
@@ -535,16 +681,22 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
             t1 = time.perf_counter()
             timings["data"] += t1 - t0
             g = data.num_graphs
-            ax, aei, ab, _ = augment(data.x, data.edge_index, data.batch, g, args.aug_ratio, gen)
-            if args.views == "aug+aug":
-                ox, oei, ob = augment(data.x, data.edge_index, data.batch, g, args.aug_ratio,
-                                      gen)[:3]
+            if released:
+                oei, ax, aei, ab, _ = augment_released(data.x, data.edge_index, data.batch, g,
+                                                       np_rng)
+                ox, ob = data.x, data.batch
             else:
-                ox, oei, ob = data.x, data.edge_index, data.batch
+                ax, aei, ab, _ = augment(data.x, data.edge_index, data.batch, g, args.aug_ratio,
+                                         gen)
+                if args.views == "aug+aug":
+                    ox, oei, ob = augment(data.x, data.edge_index, data.batch, g,
+                                          args.aug_ratio, gen)[:3]
+                else:
+                    ox, oei, ob = data.x, data.edge_index, data.batch
             t2 = time.perf_counter()
             timings["augment"] += t2 - t1
             h1, z1 = model(ox, oei, ob, g)
-            _, z2 = model(ax, aei, ab, g)
+            _, z2 = model(ax, aei, ab, g, undirected=not released)
             loss = loss_fn(z1, z2)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -575,7 +727,7 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
     timings["sampler"] = float(getattr(sampler, "sampler_seconds", 0.0))
     timings["data"] -= timings["sampler"]  # data = collation only
     t0 = time.perf_counter()
-    emb = embed_all(model, dataset).numpy().astype(np.float64)
+    emb = embed_all(model, dataset, self_loops=released).numpy().astype(np.float64)
     timings["eval_embed"] = time.perf_counter() - t0
     t0, c0 = time.perf_counter(), time.process_time()
     ev = evaluate_embeddings(emb, labels, seed, kernel=args.svm_kernel)
@@ -645,6 +797,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beta", type=float, default=1.0)
     p.add_argument("--aug-ratio", type=float, default=0.2)
     p.add_argument("--views", choices=("orig+aug", "aug+aug"), default="orig+aug")
+    p.add_argument("--aug-style", choices=("paper", "released"), default="paper",
+                   help="paper: the GraphCL paper's augmentations at --aug-ratio (default); "
+                        "released: GraphCL's released unsupervised_TU code (10%% drops, its "
+                        "subgraph and self-loops; see augment_released)")
     p.add_argument("--features", choices=("auto", "labels", "degree", "constant"), default="auto")
     p.add_argument("--degree-cap", type=int, default=64)
     p.add_argument("--bank-init", choices=("encode", "random"), default="encode")
@@ -687,11 +843,20 @@ def run_graphcl(args) -> int:
     samplers = _runs.expand_choices(args.sampler, SAMPLERS, "sampler")
     losses = _runs.expand_choices(args.loss, LOSSES, "loss")
     seeds = _runs.seeds_of(args)
+    if _aug_style(args) == "released" and (args.views != "orig+aug" or args.aug_ratio != 0.2):
+        raise ValueError("--aug-style released reproduces the released code's fixed ratios and "
+                         "its original + augmented views: drop --aug-ratio and --views aug+aug, "
+                         "or use --aug-style paper")
     out = Path(args.out)
     failures = 0
     for raw_name in args.dataset:
         name = _canonical(raw_name)
         hyper = hyper_for(name)
+        if name not in DEFAULTS:
+            print(f"[graphcl] {name}: not in the paper's Table 15; using B {hyper.batch_size}, "
+                  f"{hyper.epochs} epochs, t {hyper.refresh_every}, M {hyper.candidates}, "
+                  f"K {hyper.neighbors} (override with --batch-size / --epochs / "
+                  "--refresh-every / --candidates / --neighbors)", flush=True)
         tag = _tag(args, hyper)
         todo = [(s, l, seed) for l in losses for s in samplers for seed in seeds
                 if args.force or not _runs.finished(result_path(out, name, s, l, seed, tag))]

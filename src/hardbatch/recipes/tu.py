@@ -12,8 +12,8 @@ is cached as tensors under a writable folder (``--cache-dir``, ``$HARDBATCH_CACH
 ``~/.cache/hardbatch/tu``), keyed by the raw files' sizes and mtimes. Nothing is ever written into
 the data folder (it may be read-only).
 
-Graphs are undirected: edges are symmetrised (REDDIT-BINARY and COLLAB list each edge once) and
-coalesced; self-loops are removed (as ``read_tu_data`` does).
+Graphs are undirected: edges are symmetrised (whether a file lists an edge in one direction or
+both) and coalesced; self-loops are removed (as ``read_tu_data`` does).
 
 Node features, as in GraphCL's unsupervised TU code:
 
