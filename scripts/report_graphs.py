@@ -116,6 +116,10 @@ def load(results: Path) -> tuple[dict, int]:
     return runs, tagged
 
 
+def _n_seeds(n: int) -> str:
+    return f"{n} seed{'s' if n != 1 else ''}"
+
+
 def mean_std(values: list[float]) -> tuple[float, float]:
     if not values:
         return math.nan, math.nan
@@ -250,6 +254,35 @@ def main(argv=None) -> int:
                     "all within the goal") + ".")
     lines.append(f"- BatchSampler beats uniform (InfoNCE, mean accuracy) on {wins} of {compared} "
                  "datasets with both rows measured (goal: >= 4 of 6).")
+
+    def mean_acc(key):
+        recs = runs.get(key, {})
+        return mean_std([100 * r["accuracy"] for r in recs.values()])[0] if recs else None
+
+    for loss in LOSSES:
+        prox_wins, knn_loses, both, beyond = [], [], [], []
+        for d in datasets:
+            u, pr, kn = (mean_acc((d, s, loss)) for s in ("uniform", "proximity", "knn"))
+            if None in (u, pr, kn):
+                continue
+            both.append(d)
+            if pr > u:
+                prox_wins.append(SHORT.get(d, d))
+            a_u = [100 * r["accuracy"] for r in runs[(d, "uniform", loss)].values()]
+            a_p = [100 * r["accuracy"] for r in runs[(d, "proximity", loss)].values()]
+            if len(a_u) > 1 and len(a_p) > 1:
+                se = math.sqrt(statistics.variance(a_u) / len(a_u)
+                               + statistics.variance(a_p) / len(a_p))
+                if abs(pr - u) > 2 * se:
+                    beyond.append(f"{SHORT.get(d, d)} {pr - u:+.2f}")
+            if kn < u and kn < pr:
+                knn_loses.append(SHORT.get(d, d))
+        if both:
+            lines.append(f"- {LOSS_NAME[loss]}: BatchSampler above uniform on {len(prox_wins)} of "
+                         f"{len(both)} ({', '.join(prox_wins) or 'none'}); kNN sampler below both "
+                         f"on {len(knn_loses)} of {len(both)} ({', '.join(knn_loses) or 'none'}); "
+                         "BatchSampler minus uniform beyond 2 standard errors of the difference "
+                         f"of means: {', '.join(beyond) or 'none'}.")
     rel = []
     for d in DATASETS:
         u = VARIANTS.get((d, "augreleased", "uniform", "infonce"), {})
@@ -257,12 +290,13 @@ def main(argv=None) -> int:
         if not u:
             continue
         mu, su = mean_std([100 * r["accuracy"] for r in u.values()])
-        txt = (f"{SHORT.get(d, d)}: uniform {mu:.2f} ± {su:.2f} ({len(u)} seeds), "
+        txt = (f"{SHORT.get(d, d)}: uniform {mu:.2f} ± {su:.2f} ({_n_seeds(len(u))}), "
                f"{mu - PAPER['uniform'][d]:+.2f} vs the paper's GraphCL (default augmentations: "
                f"{mean_std([100 * r['accuracy'] for r in runs.get((d, 'uniform', 'infonce'), {}).values()])[0] - PAPER['uniform'][d]:+.2f})")
         if pr:
             mp, sp = mean_std([100 * r["accuracy"] for r in pr.values()])
-            txt += f"; BatchSampler {mp:.2f} ± {sp:.2f} ({len(pr)} seeds, {mp - mu:+.2f} vs uniform)"
+            txt += (f"; BatchSampler {mp:.2f} ± {sp:.2f} ({_n_seeds(len(pr))}, {mp - mu:+.2f} vs "
+                    "uniform)")
         rel.append(txt)
     if rel:
         lines.append("- With GraphCL's released-code augmentations (`--aug-style released`, InfoNCE): "
