@@ -215,6 +215,23 @@ def main(argv=None) -> int:
                 paper = [f"{PAPER[s][d]:.2f}" if d in PAPER[s] else "" for d in datasets]
                 lines.append(f"| *paper: {ROW_NAME[s]}* | " + " | ".join(paper) + " |")
         lines.append("")
+    released = {(d, s, loss): recs for (d, tag, s, loss), recs in VARIANTS.items()
+                if tag == "augreleased"}
+    if released:
+        lines += ["## InfoNCE with GraphCL's released-code augmentations (`--aug-style released`)",
+                  "", "Same protocol, but the views (and self-loops) of GraphCL's released "
+                  "`unsupervised_TU` code instead of the paper's description (see Setup); "
+                  "`(k/5)`: k seeds run. Paper rows as in the InfoNCE table.", "", head, sep]
+        for s in SAMPLERS:
+            if not any(k[1] == s for k in released):
+                continue
+            lines.append(f"| {ROW_NAME[s]} | "
+                         + " | ".join(cell(released, (d, s, "infonce"), 5) for d in datasets)
+                         + " |")
+            if s in PAPER:
+                paper = [f"{PAPER[s][d]:.2f}" if d in PAPER[s] else "" for d in datasets]
+                lines.append(f"| *paper: {ROW_NAME[s]}* | " + " | ".join(paper) + " |")
+        lines.append("")
     flat = []
     for (d, s, loss), recs in sorted(runs.items()):
         for seed, r in sorted(recs.items()):
