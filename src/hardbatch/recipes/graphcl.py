@@ -310,10 +310,10 @@ def augment_released(x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: i
     anchor = released_self_loops(edge_index, batch, num_graphs)
     counts = np.bincount(batch.numpy(), minlength=num_graphs)
     ptr = np.concatenate([[0], np.cumsum(counts)])
-    ei = anchor.numpy()
-    order = np.argsort(batch.numpy()[ei[0]], kind="stable")
-    ei = ei[:, order]
-    eptr = np.searchsorted(batch.numpy()[ei[0]], np.arange(num_graphs + 1))
+    edge_graph = batch.numpy()[anchor[0].numpy()]
+    order = np.argsort(edge_graph, kind="stable")
+    ei = anchor.numpy()[:, order]
+    eptr = np.searchsorted(edge_graph[order], np.arange(num_graphs + 1))
     x_aug = x.clone()
     present = np.zeros(batch.numel(), dtype=bool)
     kept_edges, choice = [], np.empty(num_graphs, dtype=np.int64)
@@ -537,14 +537,14 @@ def _tag(args, hyper: Hyper) -> str:
         parts.append("bankrand")
     if getattr(args, "svm_kernel", "precomputed") != "precomputed":
         parts.append("svmrbf")
-    if args.aug_ratio != 0.2:
+    if args.aug_ratio != _CLI_DEFAULTS["aug_ratio"]:
         parts.append(f"r{args.aug_ratio:g}")
     if _aug_style(args) != "paper":
         parts.append(f"aug{_aug_style(args)}")
     # any other non-default option: a short hash, so a sweep never reuses (or is taken for) the
     # paper configuration's result files
-    changed = {k: getattr(args, k) for k, v in _HASHED_DEFAULTS.items()
-               if getattr(args, k, v) is not None and getattr(args, k, v) != v}
+    changed = {k: getattr(args, k) for k in _HASHED
+               if getattr(args, k, _CLI_DEFAULTS[k]) != _CLI_DEFAULTS[k]}
     for key, paper in (("refresh_every", hyper.refresh_every), ("candidates", hyper.candidates),
                        ("neighbors", hyper.neighbors)):
         value = getattr(args, key, None)
@@ -556,9 +556,11 @@ def _tag(args, hyper: Hyper) -> str:
     return "-".join(parts)
 
 
-# CLI defaults whose change (not named in the tag otherwise) adds the options hash to the tag
-_HASHED_DEFAULTS = {"temperature": 0.2, "lr": 0.01, "tau_plus": 0.1, "beta": 1.0,
-                    "degree_cap": 64}
+# Defaults of the CLI options that have no per-dataset value (the parser reads them from here)
+_CLI_DEFAULTS = {"temperature": 0.2, "lr": 0.01, "tau_plus": 0.1, "beta": 1.0, "aug_ratio": 0.2,
+                 "degree_cap": 64}
+# those of them whose change the tag does not name otherwise: it adds the options hash
+_HASHED = ("temperature", "lr", "tau_plus", "beta", "degree_cap")
 
 
 def _aug_style(args) -> str:
@@ -791,18 +793,18 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refresh-every", type=int, default=None, help="t (steps)")
     p.add_argument("--candidates", type=int, default=None, help="M")
     p.add_argument("--neighbors", type=int, default=None, help="K")
-    p.add_argument("--temperature", type=float, default=0.2)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--tau-plus", type=float, default=0.1)
-    p.add_argument("--beta", type=float, default=1.0)
-    p.add_argument("--aug-ratio", type=float, default=0.2)
+    p.add_argument("--temperature", type=float, default=_CLI_DEFAULTS["temperature"])
+    p.add_argument("--lr", type=float, default=_CLI_DEFAULTS["lr"])
+    p.add_argument("--tau-plus", type=float, default=_CLI_DEFAULTS["tau_plus"])
+    p.add_argument("--beta", type=float, default=_CLI_DEFAULTS["beta"])
+    p.add_argument("--aug-ratio", type=float, default=_CLI_DEFAULTS["aug_ratio"])
     p.add_argument("--views", choices=("orig+aug", "aug+aug"), default="orig+aug")
     p.add_argument("--aug-style", choices=("paper", "released"), default="paper",
                    help="paper: the GraphCL paper's augmentations at --aug-ratio (default); "
                         "released: GraphCL's released unsupervised_TU code (10%% drops, its "
                         "subgraph and self-loops; see augment_released)")
     p.add_argument("--features", choices=("auto", "labels", "degree", "constant"), default="auto")
-    p.add_argument("--degree-cap", type=int, default=64)
+    p.add_argument("--degree-cap", type=int, default=_CLI_DEFAULTS["degree_cap"])
     p.add_argument("--bank-init", choices=("encode", "random"), default="encode")
     p.add_argument("--loader", choices=("fast", "pyg"), default="fast",
                    help="fast: vectorised collate from flat tensors; pyg: "
@@ -843,7 +845,8 @@ def run_graphcl(args) -> int:
     samplers = _runs.expand_choices(args.sampler, SAMPLERS, "sampler")
     losses = _runs.expand_choices(args.loss, LOSSES, "loss")
     seeds = _runs.seeds_of(args)
-    if _aug_style(args) == "released" and (args.views != "orig+aug" or args.aug_ratio != 0.2):
+    if _aug_style(args) == "released" and (args.views != "orig+aug"
+                                           or args.aug_ratio != _CLI_DEFAULTS["aug_ratio"]):
         raise ValueError("--aug-style released reproduces the released code's fixed ratios and "
                          "its original + augmented views: drop --aug-ratio and --views aug+aug, "
                          "or use --aug-style paper")
