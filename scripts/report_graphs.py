@@ -128,11 +128,16 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return m, s
 
 
+def accs(runs: dict, key) -> list[float]:
+    """Per-seed accuracies (%) of one (dataset, sampler, loss) cell; [] when none ran."""
+    return [100 * r["accuracy"] for r in runs.get(key, {}).values()]
+
+
 def cell(runs: dict, key, expected: int) -> str:
     recs = runs.get(key, {})
     if not recs:
         return "—"
-    m, s = mean_std([100 * r["accuracy"] for r in recs.values()])
+    m, s = mean_std(accs(runs, key))
     mark = "" if len(recs) >= expected else f" ({len(recs)}/{expected})"
     return f"{m:.2f} ± {s:.2f}{mark}"
 
@@ -206,15 +211,21 @@ def main(argv=None) -> int:
              "Paper numbers: BatchSampler (KDD 2023) Table 3 / Table 10.", ""]
     head = "| row | " + " | ".join(SHORT.get(d, d) for d in datasets) + " |"
     sep = "|---|" + "---|" * len(datasets)
-    for loss in LOSSES:
-        lines += [f"## {LOSS_NAME[loss]}", "", head, sep]
-        for s in SAMPLERS:
-            row = [cell(runs, (d, s, loss), EXPECTED_SEEDS[loss]) for d in datasets]
-            lines.append(f"| {ROW_NAME[s]} | " + " | ".join(row) + " |")
+
+    def sampler_rows(source: dict, loss: str, expected: int, samplers) -> list[str]:
+        """One table row per sampler (the paper's row under it for InfoNCE)."""
+        rows = []
+        for s in samplers:
+            row = [cell(source, (d, s, loss), expected) for d in datasets]
+            rows.append(f"| {ROW_NAME[s]} | " + " | ".join(row) + " |")
             if loss == "infonce" and s in PAPER:
                 paper = [f"{PAPER[s][d]:.2f}" if d in PAPER[s] else "" for d in datasets]
-                lines.append(f"| *paper: {ROW_NAME[s]}* | " + " | ".join(paper) + " |")
-        lines.append("")
+                rows.append(f"| *paper: {ROW_NAME[s]}* | " + " | ".join(paper) + " |")
+        return rows
+
+    for loss in LOSSES:
+        lines += [f"## {LOSS_NAME[loss]}", "", head, sep]
+        lines += sampler_rows(runs, loss, EXPECTED_SEEDS[loss], SAMPLERS) + [""]
     released = {(d, s, loss): recs for (d, tag, s, loss), recs in VARIANTS.items()
                 if tag == "augreleased"}
     if released:
@@ -222,16 +233,8 @@ def main(argv=None) -> int:
                   "", "Same protocol, but the views (and self-loops) of GraphCL's released "
                   "`unsupervised_TU` code instead of the paper's description (see Setup); "
                   "`(k/5)`: k seeds run. Paper rows as in the InfoNCE table.", "", head, sep]
-        for s in SAMPLERS:
-            if not any(k[1] == s for k in released):
-                continue
-            lines.append(f"| {ROW_NAME[s]} | "
-                         + " | ".join(cell(released, (d, s, "infonce"), 5) for d in datasets)
-                         + " |")
-            if s in PAPER:
-                paper = [f"{PAPER[s][d]:.2f}" if d in PAPER[s] else "" for d in datasets]
-                lines.append(f"| *paper: {ROW_NAME[s]}* | " + " | ".join(paper) + " |")
-        lines.append("")
+        lines += sampler_rows(released, "infonce", EXPECTED_SEEDS["infonce"],
+                              [s for s in SAMPLERS if any(k[1] == s for k in released)]) + [""]
     flat = []
     for (d, s, loss), recs in sorted(runs.items()):
         for seed, r in sorted(recs.items()):
@@ -249,69 +252,62 @@ def main(argv=None) -> int:
     lines += NOTES
     # goals
     lines += ["## Goals, as measured", ""]
-    gaps, outside, wins, compared = [], [], 0, 0
+    def paper_gap(source: dict, d: str) -> float:
+        """Uniform InfoNCE mean minus the paper's GraphCL (points)."""
+        return mean_std(accs(source, (d, "uniform", "infonce")))[0] - PAPER["uniform"][d]
+
+    gaps, outside = [], []
     for d in datasets:
-        base = runs.get((d, "uniform", "infonce"), {})
-        prox = runs.get((d, "proximity", "infonce"), {})
-        if base and d in PAPER["uniform"]:
-            m, _ = mean_std([100 * r["accuracy"] for r in base.values()])
-            gap = m - PAPER["uniform"][d]
+        n_base = len(accs(runs, (d, "uniform", "infonce")))
+        if n_base and d in PAPER["uniform"]:
+            gap = paper_gap(runs, d)
             gaps.append(f"{SHORT.get(d, d)} {gap:+.2f}"
-                        f"{'' if len(base) >= 5 else f' ({len(base)}/5 seeds)'}")
+                        f"{'' if n_base >= 5 else f' ({n_base}/5 seeds)'}")
             if abs(gap) > 1.5:
                 outside.append(SHORT.get(d, d))
-        if base and prox:
-            compared += 1
-            mb, _ = mean_std([r["accuracy"] for r in base.values()])
-            mp, _ = mean_std([r["accuracy"] for r in prox.values()])
-            wins += mp > mb
     lines.append("- Baseline (uniform, InfoNCE) minus paper's GraphCL, points (goal: within ±1.5): "
                  + (", ".join(gaps) if gaps else "no runs yet") + "; "
                  + (f"outside the goal: {', '.join(outside)}" if outside else
                     "all within the goal") + ".")
-    lines.append(f"- BatchSampler beats uniform (InfoNCE, mean accuracy) on {wins} of {compared} "
-                 "datasets with both rows measured (goal: >= 4 of 6).")
-
-    def mean_acc(key):
-        recs = runs.get(key, {})
-        return mean_std([100 * r["accuracy"] for r in recs.values()])[0] if recs else None
-
     for loss in LOSSES:
-        prox_wins, knn_loses, both, beyond = [], [], [], []
+        prox_wins, knn_loses, both, with_knn, beyond = [], [], [], [], []
         for d in datasets:
-            u, pr, kn = (mean_acc((d, s, loss)) for s in ("uniform", "proximity", "knn"))
-            if None in (u, pr, kn):
+            a_u, a_p, a_k = (accs(runs, (d, s, loss)) for s in ("uniform", "proximity", "knn"))
+            if not (a_u and a_p):
                 continue
+            u, pr = mean_std(a_u)[0], mean_std(a_p)[0]
             both.append(d)
             if pr > u:
                 prox_wins.append(SHORT.get(d, d))
-            a_u = [100 * r["accuracy"] for r in runs[(d, "uniform", loss)].values()]
-            a_p = [100 * r["accuracy"] for r in runs[(d, "proximity", loss)].values()]
             if len(a_u) > 1 and len(a_p) > 1:
                 se = math.sqrt(statistics.variance(a_u) / len(a_u)
                                + statistics.variance(a_p) / len(a_p))
                 if abs(pr - u) > 2 * se:
                     beyond.append(f"{SHORT.get(d, d)} {pr - u:+.2f}")
-            if kn < u and kn < pr:
-                knn_loses.append(SHORT.get(d, d))
+            if a_k:
+                with_knn.append(d)
+                if mean_std(a_k)[0] < min(u, pr):
+                    knn_loses.append(SHORT.get(d, d))
         if both:
-            lines.append(f"- {LOSS_NAME[loss]}: BatchSampler above uniform on {len(prox_wins)} of "
-                         f"{len(both)} ({', '.join(prox_wins) or 'none'}); kNN sampler below both "
-                         f"on {len(knn_loses)} of {len(both)} ({', '.join(knn_loses) or 'none'}); "
+            goal = " (goal: >= 4 of 6)" if loss == "infonce" else ""
+            lines.append(f"- {LOSS_NAME[loss]}: BatchSampler above uniform (mean accuracy) on "
+                         f"{len(prox_wins)} of {len(both)} ({', '.join(prox_wins) or 'none'})"
+                         f"{goal}; kNN sampler below both on {len(knn_loses)} of "
+                         f"{len(with_knn)} ({', '.join(knn_loses) or 'none'}); "
                          "BatchSampler minus uniform beyond 2 standard errors of the difference "
                          f"of means: {', '.join(beyond) or 'none'}.")
     rel = []
     for d in DATASETS:
-        u = VARIANTS.get((d, "augreleased", "uniform", "infonce"), {})
-        pr = VARIANTS.get((d, "augreleased", "proximity", "infonce"), {})
+        u = accs(released, (d, "uniform", "infonce"))
+        pr = accs(released, (d, "proximity", "infonce"))
         if not u:
             continue
-        mu, su = mean_std([100 * r["accuracy"] for r in u.values()])
+        mu, su = mean_std(u)
         txt = (f"{SHORT.get(d, d)}: uniform {mu:.2f} ± {su:.2f} ({_n_seeds(len(u))}), "
-               f"{mu - PAPER['uniform'][d]:+.2f} vs the paper's GraphCL (default augmentations: "
-               f"{mean_std([100 * r['accuracy'] for r in runs.get((d, 'uniform', 'infonce'), {}).values()])[0] - PAPER['uniform'][d]:+.2f})")
+               f"{paper_gap(released, d):+.2f} vs the paper's GraphCL (default augmentations: "
+               f"{paper_gap(runs, d):+.2f})")
         if pr:
-            mp, sp = mean_std([100 * r["accuracy"] for r in pr.values()])
+            mp, sp = mean_std(pr)
             txt += (f"; BatchSampler {mp:.2f} ± {sp:.2f} ({_n_seeds(len(pr))}, {mp - mu:+.2f} vs "
                     "uniform)")
         rel.append(txt)

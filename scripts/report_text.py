@@ -270,7 +270,8 @@ def main() -> None:
           "draws the same number of batches and scores them (the trained runs' hardness above "
           "agrees to 3 decimals: a run's starting embeddings come from the precomputed 100k-"
           "sentence file, a fresh encoding or its cache - `config.start_embeddings` - which differ "
-          "by float rounding, enough to change a walk's step now and then). `pairs > c` = share of in-batch pairs with starting-model cosine above c. "
+          "by float rounding, enough to change a walk's step now and then). `pairs > c` = share "
+          "of in-batch pairs with starting-model cosine above c. "
           "Rows with options other than the grid's are ablations (plan only, not trained).\n")
         w("| sampler | options | seeds | hardness | mean negative cos | pairs > 0.5 | "
           "pairs > 0.7 | pairs > 0.8 | pairs > 0.9 |")

@@ -183,11 +183,11 @@ def table(runs: list[dict], rows: list[tuple[str, str]]) -> list[str]:
         lin = [r["linear_probe_accuracy"] for r in rs]
         is_base = (s, l) == ("uniform", "infonce")
         seeds = {r["seed"] for r in rs}
-        same = seeds >= set(base_runs) or not seeds <= set(base_runs)
-        bs = [base_runs[k] for k in sorted(base_runs) if same or k in seeds]
+        partial = seeds < set(base_runs)  # fewer seeds than the baseline: compare those only
+        bs = [base_runs[k] for k in sorted(base_runs) if not partial or k in seeds]
         base = [r["knn_accuracy"] for r in bs]
         base_lin = [r["linear_probe_accuracy"] for r in bs]
-        note = "" if same else " vs same seeds"
+        note = " vs same seeds" if partial else ""
         out.append(
             f"| {SAMPLER_NAME[s]} | {LOSS_NAME[l]} | {len(rs)}/{PLANNED_SEEDS} | {_ms(knn)} | "
             f"{'(baseline)' if is_base else _delta(knn, base) + note} | {_ms(lin)} | "
