@@ -14,6 +14,7 @@ from hardbatch.losses import (
     HardNegativeInfoNCE,
     InfoNCE,
     SSCLLoss,
+    debiased_floor_stats,
     debiased_info_nce,
     hard_negative_info_nce,
     info_nce,
@@ -776,3 +777,97 @@ def test_check_finite_can_be_skipped():
     a, p = pair(b=4, d=3)
     a[0, 0] = float("nan")
     assert torch.isnan(info_nce(a, p, check_finite=False))
+
+
+# --------------------------------------------------------------------------- debiasing floor
+
+
+def _graded_pair(b=16, d=8, seed=3):
+    """Positives from very close to unrelated, so some rows sit on the DCL floor and some not."""
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(b, d, generator=gen, dtype=torch.float64)
+    noise = torch.randn(b, d, generator=gen, dtype=torch.float64)
+    return a, a + torch.linspace(0.01, 3.0, b, dtype=torch.float64)[:, None] * noise
+
+
+def _floor_reference(anchor, positive, *, t, tau, beta, form, labels=None):
+    """Plain-Python share of rows with ``(S - tau N pos) / (1 - tau) <= N e^(-1/t)`` and the
+    lower median (torch's) over rows of ``S / (N pos)``."""
+    a, p = _unit(anchor.double()), _unit(positive.double())
+    b = a.shape[0]
+    views = torch.cat([a, p]) if form == "simclr" else p
+    queries = torch.cat([a, p]) if form == "simclr" else a
+    lab = None if labels is None else labels.tolist() * (2 if form == "simclr" else 1)
+    floored, ratios = [], []
+    for i in range(len(queries)):
+        j_pos = (i + b) % (2 * b) if form == "simclr" else i
+        skip = (i, j_pos)
+        negs = [float(queries[i] @ views[j]) for j in range(len(views))
+                if j not in skip and (lab is None or lab[j] != lab[i])]
+        if not negs:
+            continue
+        n = len(negs)
+        pos = math.exp(float(queries[i] @ views[j_pos]) / t)
+        imp = [math.exp(beta * s / t) for s in negs]
+        big_s = sum(w * math.exp(s / t) for w, s in zip(imp, negs)) / (sum(imp) / n)
+        floored.append((big_s - tau * n * pos) / (1 - tau) <= n * math.exp(-1 / t))
+        ratios.append(big_s / (n * pos))
+    return sum(floored) / len(floored), sorted(ratios)[(len(ratios) - 1) // 2]  # lower median
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+@pytest.mark.parametrize("labelled", [False, True])
+def test_debiased_floor_stats_matches_reference(form, beta, labelled):
+    a, p = _graded_pair()
+    labels = torch.tensor([0, 1, 2, 3] * 4) if labelled else None
+    frac, tau_max = debiased_floor_stats(a, p, temperature=0.1, tau_plus=0.1, beta=beta,
+                                         form=form, labels=labels)
+    ref_frac, ref_tau = _floor_reference(a, p, t=0.1, tau=0.1, beta=beta, form=form,
+                                         labels=labels)
+    assert 0.0 < ref_frac < 1.0  # the data mixes floored and free rows
+    assert frac == pytest.approx(ref_frac)
+    assert tau_max == pytest.approx(ref_tau, rel=1e-9)
+
+
+def test_debiased_floor_rows_have_zero_loss_and_gradient():
+    a, p = _graded_pair()
+    a = a.clone().requires_grad_()
+    frac, _ = debiased_floor_stats(a, p, temperature=0.1, tau_plus=0.1, form="simcse")
+    per_row = debiased_info_nce(a, p, temperature=0.1, tau_plus=0.1, form="simcse",
+                                reduction="none")
+    ref = reference(a.detach(), p, kind="debiased", t=0.1, form="simcse", tau=0.1)
+    torch.testing.assert_close(per_row.detach(), ref)
+    # On the floor the loss is softplus(log N - 1/t - log pos): tiny next to free rows.
+    assert (per_row < 1e-3).double().mean().item() == pytest.approx(frac)
+
+
+def test_floor_warning_once_for_degenerate_setting():
+    a, p = _graded_pair()
+    close = a + 1e-3 * p  # positives nearly identical to the anchors
+    loss = DebiasedInfoNCE(temperature=0.05, tau_plus=0.1, form="simcse")
+    with pytest.warns(UserWarning, match=r"tau_plus \(=0.1\) below about .*temperature"):
+        loss(a, close)
+    assert loss.floor_fraction == 1.0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss(a, close)  # warned once only
+        hcl = HardNegativeInfoNCE(temperature=0.5, tau_plus=0.1, form="simcse")
+        hcl(a, p)  # a trainable setting: no warning
+        assert hcl.floor_fraction is not None and hcl.floor_fraction < 0.5
+        with torch.no_grad():  # evaluation calls are not checked
+            fresh = HardNegativeInfoNCE(temperature=0.05, form="simcse")
+            fresh(a, close)
+        assert fresh.floor_fraction is None
+
+
+def test_debiased_floor_stats_bad_input():
+    a, p = _graded_pair()
+    with pytest.raises(ValueError, match="tau_plus"):
+        debiased_floor_stats(a, p, tau_plus=1.0)
+    with pytest.raises(ValueError, match="beta"):
+        debiased_floor_stats(a, p, beta=-1.0)
+    with pytest.raises(ValueError, match="finite|NaN|nan"):
+        debiased_floor_stats(a.clone().fill_(float("nan")), p)

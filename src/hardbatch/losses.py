@@ -46,6 +46,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,6 +63,7 @@ __all__ = [
     "HardNegativeInfoNCE",
     "InfoNCE",
     "SSCLLoss",
+    "debiased_floor_stats",
     "debiased_info_nce",
     "hard_negative_info_nce",
     "info_nce",
@@ -803,6 +805,46 @@ def hard_negative_info_nce(
 
 
 @_without_autocast
+def debiased_floor_stats(
+    anchor: Tensor,
+    positive: Tensor,
+    *,
+    temperature: float = 0.5,
+    tau_plus: float = 0.1,
+    beta: float = 0.0,
+    form: Form = "simclr",
+    labels: Tensor | None = None,
+    negatives: Tensor | None = None,
+    normalize: bool = True,
+) -> tuple[float, float]:
+    """How often DCL / HCL's negative term sits on its floor ``N e^(-1/t)``, for one batch.
+
+    Returns ``(fraction, tau_plus_max)``: the fraction of rows (those with negatives) whose
+    ``Ng`` in :func:`debiased_info_nce` / :func:`hard_negative_info_nce` (``beta``) is the clamp
+    value, i.e. ``tau_plus N pos >= S``; such a row's loss is ``softplus(log N - 1/t - log pos)``,
+    about 0 with almost no gradient. ``tau_plus_max`` is the (lower) median over rows of
+    ``S / (N pos)``: the ``tau_plus`` below which the median row is not clamped. The floor takes most rows when
+    positives are far closer than negatives at a low temperature (SimCSE's dropout positives at
+    ``t = 0.05``: BatchSampler paper, Appendix B.6). No gradient; same arguments as the losses.
+    """
+    tau_plus = _check_tau_plus(tau_plus)
+    beta = _check_beta(beta)
+    with torch.no_grad():
+        core = _build_logits(anchor, positive, temperature=temperature, form=form, labels=labels,
+                             negatives=negatives, normalize=normalize, check_finite=True)
+        log_n = _log_num_neg(core)
+        log_s = _log_negative_sum([core.logits], log_n, beta, True)
+        log_ng = _debias(log_s, core.log_pos, log_n, tau_plus, core.temperature)
+        floored = log_ng <= log_n - 1.0 / core.temperature
+        log_max = log_s - core.log_pos - log_n
+        if core.has_neg is not None:
+            floored, log_max = floored[core.has_neg], log_max[core.has_neg]
+        if floored.numel() == 0:
+            return 0.0, float("nan")
+        return float(floored.float().mean()), float(log_max.median().exp())
+
+
+@_without_autocast
 def sscl_loss(
     anchor: Tensor,
     positive: Tensor,
@@ -957,8 +999,43 @@ class InfoNCE(_ContrastiveLoss):
         return {}
 
 
-class DebiasedInfoNCE(_ContrastiveLoss):
-    """Debiased contrastive loss (DCL) module; see :func:`debiased_info_nce`."""
+class _FloorWarning(_ContrastiveLoss):
+    """DCL / HCL modules: on the first forward with gradients, warn once if the debiasing floor
+    takes at least half the rows (the loss is then ~0 and trains nothing; see
+    :func:`debiased_floor_stats`). ``floor_fraction`` keeps that first batch's fraction."""
+
+    floor_fraction: float | None = None
+
+    def forward(
+        self,
+        anchor: Tensor,
+        positive: Tensor,
+        labels: Tensor | None = None,
+        negatives: Tensor | None = None,
+    ) -> Tensor:
+        if self.floor_fraction is None and self.tau_plus > 0 and torch.is_grad_enabled():
+            frac, tau_max = debiased_floor_stats(
+                anchor, positive, temperature=self.temperature, tau_plus=self.tau_plus,
+                beta=getattr(self, "beta", 0.0), form=self.form, labels=labels,
+                negatives=negatives, normalize=self.normalize)
+            self.floor_fraction = frac
+            if frac >= 0.5:
+                warnings.warn(
+                    f"{type(self).__name__}: on {frac:.0%} of this batch's rows the debiased "
+                    f"negative term is clamped to its floor N*exp(-1/temperature) (tau_plus * N * "
+                    "pos >= the sum of negatives), so the loss is ~0 and gives almost no "
+                    f"gradient: positives are far closer than negatives at temperature="
+                    f"{self.temperature:g}. Lower tau_plus (={self.tau_plus:g}) below about "
+                    f"{tau_max:.1e} or raise the temperature (the DCL / HCL papers use 0.5).",
+                    UserWarning, stacklevel=4)  # the caller of module(...)
+        return super().forward(anchor, positive, labels, negatives)
+
+
+class DebiasedInfoNCE(_FloorWarning):
+    """Debiased contrastive loss (DCL) module; see :func:`debiased_info_nce`.
+
+    Warns once (first forward with gradients) when the debiasing floor takes most rows.
+    """
 
     def __init__(
         self,
@@ -983,8 +1060,11 @@ class DebiasedInfoNCE(_ContrastiveLoss):
         return {"tau_plus": self.tau_plus}
 
 
-class HardNegativeInfoNCE(_ContrastiveLoss):
-    """Hard-negative contrastive loss (HCL) module; see :func:`hard_negative_info_nce`."""
+class HardNegativeInfoNCE(_FloorWarning):
+    """Hard-negative contrastive loss (HCL) module; see :func:`hard_negative_info_nce`.
+
+    Warns once (first forward with gradients) when the debiasing floor takes most rows.
+    """
 
     def __init__(
         self,

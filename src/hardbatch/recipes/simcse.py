@@ -287,13 +287,14 @@ def run_one(args, sampler_name: str, loss_name: str, seed: int, path: Path, text
             extra["beta"] = args.beta
         loss = SentenceTransformerLoss(model, _HB_LOSS[loss_name], scale=scale, **extra)
 
-    trace = {"step": [], "loss": [], "wall_s": []}
+    trace = {"step": [], "loss": [], "grad_norm": [], "wall_s": []}
 
     class _Trace(TrainerCallback):
         def on_log(self, targs, state, control, logs=None, **kw):
             if logs and "loss" in logs:
                 trace["step"].append(int(state.global_step))
                 trace["loss"].append(float(logs["loss"]))
+                trace["grad_norm"].append(float(logs.get("grad_norm", "nan")))
                 trace["wall_s"].append(time.perf_counter() - t_train)
 
     model.max_seq_length = args.max_seq_length
@@ -343,6 +344,8 @@ def run_one(args, sampler_name: str, loss_name: str, seed: int, path: Path, text
         "diagnostics": {k: v for k, v in diag.items() if k != "per_batch"},
         "diagnostics_per_batch": diag["per_batch"],
         "steps": int(out.global_step), "train_loss": float(out.training_loss),
+        # DCL / HCL: share of the first batch's rows on the debiasing floor (loss ~0 there).
+        "debias_floor_fraction": getattr(getattr(loss, "loss", None), "floor_fraction", None),
         "trace": trace,
         "wall_time_s": time.perf_counter() - t_start, "train_time_s": train_time,
         "steps_per_s": out.global_step / train_time if train_time > 0 else None,
