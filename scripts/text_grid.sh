@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Unsupervised SimCSE (all-MiniLM-L6-v2, sentence-transformers) x {default, uniform, knn,
-# proximity, gcbs} x {MNRL / InfoNCE, DCL, HCL} x 3 seeds, scored on STS12-16 + STS-B
-# (docs/results/text.md). Priority order: the seed-0 comparison of the five samplers first, then
-# seeds 1 and 2, then DCL / HCL. Resumable: every run writes one JSON under $OUT and finished
+# proximity, gcbs} x {MNRL / InfoNCE at t 0.05, DCL / HCL at t 0.5} x 3 seeds, scored on STS12-16 +
+# STS-B (docs/results/text.md). Priority order: the seed-0 comparison of the five samplers first,
+# then seeds 1 and 2, then DCL / HCL. Resumable: every run writes one JSON under $OUT and finished
 # runs are skipped, so the grid can be completed in pieces; one run at a time.
 #
 #   nohup scripts/text_grid.sh > results/text/grid.log 2>&1 &
@@ -38,9 +38,18 @@ for seed in 0 1 2; do
   run default mnrl "$seed"
   for s in proximity gcbs uniform knn; do run "$s" infonce "$seed"; done
 done
+# DCL / HCL at SimCSE's t = 0.05 sit on their debiasing floor on every row and train nothing
+# (scripts/text_debias_floor.py; docs/losses.md): two runs each show it. Their sampler comparison
+# runs at t = 0.5 (the DCL / HCL papers' temperature), next to MNRL at the same temperature.
 for loss in dcl hcl; do
-  for seed in 0 1 2; do
-    for s in default proximity gcbs uniform knn; do run "$s" "$loss" "$seed"; done
+  for s in default proximity; do run "$s" "$loss" 0; done
+done
+for seed in 0 1 2; do
+  for loss in dcl hcl; do
+    for s in default proximity gcbs uniform knn; do
+      EXTRA="--temperature 0.5 ${EXTRA:-}" run "$s" "$loss" "$seed"
+    done
   done
+  EXTRA="--temperature 0.5 ${EXTRA:-}" run default mnrl "$seed"
 done
 echo "[text_grid] $(date -u +%H:%M:%S) done"

@@ -65,3 +65,53 @@ def test_text_paper_deltas_are_computed_from_the_table():
     assert "supervised" in names[3] and "GCBS" in names[4]
     d6 = statistics.mean(rt.PAPER[4][1]) - statistics.mean(rt.PAPER[3][1])
     assert round(d6, 2) == 0.78 and round(rt.PAPER[4][3] - rt.PAPER[3][3], 2) == 0.62
+
+
+def _text_run(sampler, loss, seed, avg, temperature=0.05, neighbors=500, train_loss=1e-4):
+    cfg = {"model": "m", "num_sentences": 640, "steps": 10, "batch_size": 64, "lr": 3e-5,
+           "temperature": temperature, "scale": 1 / temperature, "max_seq_length_train": 32,
+           "max_seq_length_eval": 256, "optimizer": "AdamW", "threads": 1,
+           "tau_plus": 0.1 if loss in ("dcl", "hcl") else None,
+           "beta": 1.0 if loss == "hcl" else None,
+           "candidates": 320 if sampler == "proximity" else None,
+           "neighbors": neighbors if sampler == "proximity" else None,
+           "restart": 0.7 if sampler == "proximity" else None, "quantile": None}
+    tag = "n640_steps10" + ("" if temperature == 0.05 and neighbors == 500 else
+                            f"_h{hash((temperature, neighbors)) % 16**6:06x}")
+    return {"benchmark": "simcse", "sampler": sampler, "loss": loss, "seed": seed, "tag": tag,
+            "config": cfg, "avg": avg, "sts": {"STS12": avg},
+            "diagnostics": {"mean_hardness": 0.3, "mean_mean_negative_similarity": 0.03,
+                            "mean_near_duplicate_rate": 0.0, "mean_identical_text_rate": 0.0},
+            "train_loss": train_loss, "trace": {"grad_norm": [1e-14]}, "sampler_time_s": 1.0,
+            "steps_per_s": 0.1, "wall_time_s": 60.0, "train_time_s": 50.0, "eval_time_s": 10.0,
+            "env": {"finished": f"2026-11-23 00:0{seed}", "host": "h", "cpus": 2, "torch": "x"},
+            "command": "c"}
+
+
+def test_text_rows_per_loss_setting_and_same_loss_deltas(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    runs = [_text_run("default", "mnrl", s, 80.0 + s) for s in (0, 1)]
+    runs += [_text_run("proximity", "infonce", s, 80.5 + s) for s in (0, 1)]
+    runs += [_text_run("default", "dcl", 0, 79.0, temperature=0.5),
+             _text_run("proximity", "dcl", 0, 79.3, temperature=0.5),
+             _text_run("proximity", "dcl", 0, 78.0, train_loss=1e-15),  # on the floor: stuck
+             _text_run("proximity", "infonce", 0, 81.0, neighbors=20)]  # a sampler ablation
+    for i, r in enumerate(runs):
+        (tmp_path / f"run{i}.json").write_text(json.dumps(r))
+    out = tmp_path / "text.md"
+    monkeypatch.setattr(sys, "argv", ["report_text", "--results", str(tmp_path), "--out",
+                                      str(out), "--figure", str(tmp_path / "f.png")])
+    _load("report_text").main()
+    page = out.read_text()
+    results = page.split("## Results")[1].split("Published numbers")[0]
+    rows = [ln for ln in results.splitlines() if ln.startswith("| proximity graph")]
+    dcl_hot = [ln for ln in rows if "DCL (t 0.5, tau+ 0.1)" in ln]
+    assert len(dcl_hot) == 1  # its own row, not mixed with the t = 0.05 DCL run
+    assert dcl_hot[0].rstrip(" |").endswith("+0.30")  # vs default + DCL at t 0.5, same seed
+    assert "| -0.70 |" in dcl_hot[0]  # vs default + MNRL seed 0 (80.0)
+    infonce = [ln for ln in rows if "| InfoNCE | 2 |" in ln]
+    assert len(infonce) == 1 and "+0.50 (2 seeds) | +0.50 (2 seeds)" in infonce[0]
+    assert "neighbors 20" in page  # the K = 20 run is an ablation, not an InfoNCE seed
+    assert "1 run(s) never trained: proximity + DCL (t 0.05, tau+ 0.1)" in page

@@ -999,7 +999,7 @@ class InfoNCE(_ContrastiveLoss):
         return {}
 
 
-class _FloorWarning(_ContrastiveLoss):
+class _DebiasedLoss(_ContrastiveLoss):
     """DCL / HCL modules: on the first forward with gradients, warn once if the debiasing floor
     takes at least half the rows (the loss is then ~0 and trains nothing; see
     :func:`debiased_floor_stats`). ``floor_fraction`` keeps that first batch's fraction."""
@@ -1031,7 +1031,7 @@ class _FloorWarning(_ContrastiveLoss):
         return super().forward(anchor, positive, labels, negatives)
 
 
-class DebiasedInfoNCE(_FloorWarning):
+class DebiasedInfoNCE(_DebiasedLoss):
     """Debiased contrastive loss (DCL) module; see :func:`debiased_info_nce`.
 
     Warns once (first forward with gradients) when the debiasing floor takes most rows.
@@ -1060,7 +1060,7 @@ class DebiasedInfoNCE(_FloorWarning):
         return {"tau_plus": self.tau_plus}
 
 
-class HardNegativeInfoNCE(_FloorWarning):
+class HardNegativeInfoNCE(_DebiasedLoss):
     """Hard-negative contrastive loss (HCL) module; see :func:`hard_negative_info_nce`.
 
     Warns once (first forward with gradients) when the debiasing floor takes most rows.
