@@ -226,7 +226,10 @@ def main() -> None:
       "no refresh.")
     w("- Losses: `MNRL` = sentence-transformers' `MultipleNegativesRankingLoss`; `InfoNCE` / "
       "`DCL` / `HCL` = hardbatch's losses in SimCSE form through `SentenceTransformerLoss` "
-      "(InfoNCE equals MNRL, tested).")
+      "(InfoNCE equals MNRL, tested). DCL / HCL use tau+ 0.1 (HCL: beta 1), the DCL / HCL "
+      "papers' values; at SimCSE's t = 0.05 they sit on their debiasing floor and train nothing "
+      "(see \"Why DCL / HCL do not train at t = 0.05\" below), so their sampler comparison is run at t = 0.5, the DCL / HCL papers' "
+      "temperature (rows labelled `t 0.5`, beside MNRL at t = 0.5).")
     w("- Evaluation (`hardbatch.text_eval`, also `hardbatch eval sts`): cosine similarity, "
       "Spearman x 100. STS12-16: one correlation over the concatenation of all subsets of a year "
       "(SentEval's `all` aggregation, which SimCSE reports; pairs with an empty gold score are "
