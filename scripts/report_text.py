@@ -5,8 +5,9 @@
 
 Everything in the tables comes from ``results/text/*.json`` (written by ``hardbatch bench simcse``
 and ``hardbatch eval sts --out``); the paper rows are the published numbers, quoted. Runs are
-grouped by their tag (number of sentences / steps / non-default options); the largest group with
-the most finished runs is the main table, other groups are listed separately.
+grouped by their tag (number of sentences / steps / non-default options); the group without an
+options hash with the most finished runs sets the main configuration; runs of the same size with
+other training options are rows of its table, with other sampler options ablations.
 """
 
 from __future__ import annotations
@@ -183,8 +184,10 @@ def main() -> None:
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
         groups[r["tag"]].append(r)
-    main_tag = max(groups, key=lambda t: (len(groups[t]), groups[t][0]["config"]["num_sentences"]),
-                   default=None)
+    # The main configuration: tags without an options hash first (runs with other options,
+    # e.g. t 0.5, are rows or ablations beside it however many they are), then the most runs.
+    main_tag = max(groups, key=lambda t: (r_base(t) == t, len(groups[t]),
+                                          groups[t][0]["config"]["num_sentences"]), default=None)
     L: list[str] = []
     w = L.append
     w("# SimCSE on STS with hardbatch samplers (sentence-transformers)\n")
