@@ -421,16 +421,24 @@ def main() -> None:
             return ("outside" if abs(m) > 2 * se else "within") + \
                 f" two standard errors ({2 * se:.2f})"
 
+        stuck_keys = {sk for sk, seeds in cells.items()
+                      if all(r["train_loss"] <= 1e-10 for r in seeds.values())}
         for (s, k), d in summary.items():
+            if (s, k) in stuck_keys:  # summarised in the "never trained" line below
+                continue
             w(f"- {ROW[s]} + {loss_label(k, cfg)}: Δ Avg {statistics.mean(d):+.2f} vs default + "
               f"MNRL over {len(d)} seed(s), {verdict(d)}.")
         for (s, k), d in summary_same.items():
+            if (s, k) in stuck_keys:
+                continue
             w(f"- {ROW[s]} vs default sampler, both with {loss_label(k, cfg)}: Δ Avg "
               f"{statistics.mean(d):+.2f} over {len(d)} seed(s), {verdict(d)}.")
         main_rows = [r for (s, k), seeds in cells.items() for r in seeds.values()]
-        moving = [r["train_loss"] for r in main_rows if r["train_loss"] > 1e-10]
+        moving = [r["train_loss"] for r in main_rows if r["train_loss"] > 1e-10
+                  and r["config"]["temperature"] == cfg["temperature"]]
         if moving:
-            w(f"- Mean training losses of the runs that train range from {min(moving):.2e} to "
+            w(f"- Mean training losses of the runs that train at t = {cfg['temperature']:g} "
+              f"range from {min(moving):.2e} to "
               f"{max(moving):.2e}. In SimCSE the positive is the same sentence under another "
               "dropout mask; a small loss means the starting model already ranks that positive "
               "far above every in-batch negative, so the loss (and its gradient) is small "
