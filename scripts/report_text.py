@@ -231,7 +231,8 @@ def main() -> None:
       "`DCL` / `HCL` = hardbatch's losses in SimCSE form through `SentenceTransformerLoss` "
       "(InfoNCE equals MNRL, tested). DCL / HCL use tau+ 0.1 (HCL: beta 1), the DCL / HCL "
       "papers' values; at SimCSE's t = 0.05 they sit on their debiasing floor and train nothing "
-      "(see \"Why DCL / HCL do not train at t = 0.05\" below), so their sampler comparison is run at t = 0.5, the DCL / HCL papers' "
+      "(see \"Why DCL / HCL do not train at t = 0.05\" below), so their sampler comparison "
+      "is run at t = 0.5, the DCL / HCL papers' "
       "temperature (rows labelled `t 0.5`, beside MNRL at t = 0.5).")
     w("- Evaluation (`hardbatch.text_eval`, also `hardbatch eval sts`): cosine similarity, "
       "Spearman x 100. STS12-16: one correlation over the concatenation of all subsets of a year "
@@ -253,7 +254,8 @@ def main() -> None:
     w("## Results\n")
     w("Spearman x 100, mean ± std over the finished seeds (`n`). Δ = Avg minus the `default` + "
       "MNRL row's Avg over the same seeds; Δ same loss = Avg minus the `default` sampler's with "
-      "the same loss and options, same seeds (the sampler's effect; for InfoNCE, default + MNRL, the "
+      "the same loss and options, same seeds (the sampler's effect; for InfoNCE, default + "
+      "MNRL, the "
       "same loss).\n")
     head = ("| row | loss | n | " + " | ".join(SHORT.get(t, t) for t in TASKS)
             + " | Avg | Δ | Δ same loss |")
@@ -262,7 +264,8 @@ def main() -> None:
     if zero:
         w("| zero-shot all-MiniLM-L6-v2 | — | — | " + " | ".join(
             f"{zero['tasks'][t]['spearman']:.2f}" if t in zero["tasks"] else "—" for t in TASKS)
-          + f" | {statistics.mean(zero['tasks'][t]['spearman'] for t in TASKS if t in zero['tasks']):.2f} | | |")
+          + f" | {statistics.mean(zero['tasks'][t]['spearman'] for t in TASKS if t in zero['tasks']):.2f}"
+          + " | | |")
     # Same data size / steps as the main tag: runs with the grid's sampler options are rows of
     # this table (one row per sampler x loss setting); other sampler options are ablations.
     same_base = [r for t, g in groups.items() if main_tag and r_base(t) == r_base(main_tag)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from hardbatch import ProximityGraphSampler, UniformBatchSampler, debiased_floor_stats
 from hardbatch.recipes.simcse import read_sentences, starting_embeddings
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             feats = model.tokenize([texts[i] for i in batch])
             with torch.no_grad():
                 z0, z1 = (model(dict(feats))["sentence_embedding"] for _ in range(2))
-            z0, z1 = torch.nn.functional.normalize(z0, dim=1), torch.nn.functional.normalize(z1, dim=1)
+            z0, z1 = F.normalize(z0, dim=1), F.normalize(z1, dim=1)
             sim = z0 @ z1.T
             off = ~torch.eye(len(batch), dtype=torch.bool)
             for t, tp, beta in SETTINGS:

@@ -823,9 +823,10 @@ def debiased_floor_stats(
     ``Ng`` in :func:`debiased_info_nce` / :func:`hard_negative_info_nce` (``beta``) is the clamp
     value, i.e. ``tau_plus N pos >= S``; such a row's loss is ``softplus(log N - 1/t - log pos)``,
     about 0 with almost no gradient. ``tau_plus_max`` is the (lower) median over rows of
-    ``S / (N pos)``: the ``tau_plus`` below which the median row is not clamped. The floor takes most rows when
-    positives are far closer than negatives at a low temperature (SimCSE's dropout positives at
-    ``t = 0.05``: BatchSampler paper, Appendix B.6). No gradient; same arguments as the losses.
+    ``S / (N pos)``: the ``tau_plus`` below which the median row is not clamped. The floor takes
+    most rows when positives are far closer than negatives at a low temperature (SimCSE's dropout
+    positives at ``t = 0.05``: BatchSampler paper, Appendix B.6). No gradient; same arguments as
+    the losses.
     """
     tau_plus = _check_tau_plus(tau_plus)
     beta = _check_beta(beta)
