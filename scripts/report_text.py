@@ -296,8 +296,9 @@ def main() -> None:
         per = [[seeds[j]["sts"].get(t) for j in sorted(seeds)] for t in TASKS]
         avgs = [seeds[j]["avg"] for j in sorted(seeds)]
         d = deltas(seeds, base) if (s, k) != ("default", base_key) else []
-        # InfoNCE is MNRL (tested): its rows' same-loss reference is default + MNRL.
-        same_ref = cells.get(("default", k)) or (base if k[1:] == base_key[1:] else {})
+        # InfoNCE is MNRL (tested): its rows' same-loss reference is default + MNRL, same options.
+        same_ref = cells.get(("default", k)) or (
+            cells.get(("default", ("mnrl",) + k[1:]), {}) if k[0] == "infonce" else {})
         d_same = deltas(seeds, same_ref) if s != "default" else []
         if d:
             summary[(s, k)] = d
