@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--out", default="results/text/debias_floor.json")
     args = p.parse_args(argv)
+    if args.batches < 1:
+        p.error(f"--batches must be >= 1, got {args.batches}")
+    if args.batch_size < 2:
+        p.error(f"--batch-size must be >= 2 (a batch needs negatives), got {args.batch_size}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
