@@ -777,6 +777,11 @@ def test_check_finite_can_be_skipped():
     a, p = pair(b=4, d=3)
     a[0, 0] = float("nan")
     assert torch.isnan(info_nce(a, p, check_finite=False))
+    # the DCL / HCL modules' first-batch floor check honours it too
+    assert torch.isnan(DebiasedInfoNCE(check_finite=False)(a, p))
+    assert torch.isnan(HardNegativeInfoNCE(check_finite=False)(a, p))
+    with pytest.raises(ValueError, match="NaN|finite"):
+        DebiasedInfoNCE()(a, p)
 
 
 # --------------------------------------------------------------------------- debiasing floor

@@ -816,6 +816,7 @@ def debiased_floor_stats(
     labels: Tensor | None = None,
     negatives: Tensor | None = None,
     normalize: bool = True,
+    check_finite: bool = True,
 ) -> tuple[float, float]:
     """How often DCL / HCL's negative term sits on its floor ``N e^(-1/t)``, for one batch.
 
@@ -832,7 +833,8 @@ def debiased_floor_stats(
     beta = _check_beta(beta)
     with torch.no_grad():
         core = _build_logits(anchor, positive, temperature=temperature, form=form, labels=labels,
-                             negatives=negatives, normalize=normalize, check_finite=True)
+                             negatives=negatives, normalize=normalize,
+                             check_finite=check_finite)
         log_n = _log_num_neg(core)
         log_s = _log_negative_sum([core.logits], log_n, beta, True)
         log_ng = _debias(log_s, core.log_pos, log_n, tau_plus, core.temperature)
@@ -1018,7 +1020,7 @@ class _DebiasedLoss(_ContrastiveLoss):
             frac, tau_max = debiased_floor_stats(
                 anchor, positive, temperature=self.temperature, tau_plus=self.tau_plus,
                 beta=getattr(self, "beta", 0.0), form=self.form, labels=labels,
-                negatives=negatives, normalize=self.normalize)
+                negatives=negatives, normalize=self.normalize, check_finite=self.check_finite)
             self.floor_fraction = frac
             if frac >= 0.5:
                 warnings.warn(
