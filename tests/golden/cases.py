@@ -1,0 +1,254 @@
+"""Golden outputs: batches of every sampler and values / gradients of every loss.
+
+Recorded once with the code before the package layout changed (issue 16) and kept as
+``golden.pt``; ``test_golden.py`` recomputes every case and compares. Uses only public API
+(``hardbatch.*``), so it survives moves of private code.
+
+Regenerate (only when behaviour is meant to change, and say so in the commit):
+``python tests/golden/cases.py --write``.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import hardbatch as hb
+
+FIXTURE = Path(__file__).with_name("golden.pt")
+N, D, B = 300, 16, 32
+
+
+def embeddings(seed: int = 0, n: int = N, d: int = D) -> np.ndarray:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    return torch.nn.functional.normalize(x, dim=1).float().numpy()
+
+
+def _cat(batches) -> torch.Tensor:
+    """A list of batches (lists of ints) as one int64 tensor: lengths, then the items."""
+    lens = [len(b) for b in batches]
+    flat = [v for b in batches for v in b]
+    return torch.tensor([len(lens), *lens, *flat], dtype=torch.int64)
+
+
+def _epochs(sampler, epochs: int = 2) -> torch.Tensor:
+    out = []
+    for e in range(epochs):
+        sampler.set_epoch(e)
+        out.extend(list(sampler))
+    return _cat(out)
+
+
+def _samplers(x: np.ndarray) -> dict:
+    """Factories of every sampler configuration (fresh sampler per call)."""
+    decay = hb.LinearDecay(0.2, 0.05)
+    cfgs = {
+        "uniform": lambda **kw: hb.UniformBatchSampler(N, B, **kw),
+        "uniform_drop": lambda **kw: hb.UniformBatchSampler(N, B, drop_last=True, **kw),
+        "knn": lambda **kw: hb.KNNBatchSampler(x, B, refresh_every=3, **kw),
+        "prox_rwr": lambda **kw: hb.ProximityGraphSampler(
+            x, B, candidates=100, neighbors=10, refresh_every=4, **kw),
+        "prox_rwr_decay": lambda **kw: hb.ProximityGraphSampler(
+            x, B, candidates=100, neighbors=10, restart=decay, epochs=2, refresh_every=4, **kw),
+        "prox_rw": lambda **kw: hb.ProximityGraphSampler(
+            x, B, candidates=100, neighbors=10, walk="rw", **kw),
+        "prox_bfs": lambda **kw: hb.ProximityGraphSampler(
+            x, B, candidates=100, neighbors=10, walk="bfs", **kw),
+        "prox_dfs": lambda **kw: hb.ProximityGraphSampler(
+            x, B, candidates=100, neighbors=10, walk="dfs", **kw),
+        "prox_knn_graph": lambda **kw: hb.ProximityGraphSampler(
+            x, B, neighbors=10, graph="knn", refresh_every=5, **kw),
+        "prox_drop": lambda **kw: hb.ProximityGraphSampler(
+            x, B, candidates=100, neighbors=10, drop_last=True, **kw),
+        "gcbs_exact": lambda **kw: hb.GCBSSampler(x, B, quantile=0.98, **kw),
+        "gcbs_ivf": lambda **kw: hb.GCBSSampler(x, B, quantile=0.98, method="ivf", nlist=8,
+                                                **kw),
+        "gcbs_partition": lambda **kw: hb.GCBSSampler(x, B, quantile=0.98,
+                                                      method="partition", partitions=4, **kw),
+        "gcbs_paired": lambda **kw: hb.GCBSSampler(x, B, quantile=0.98,
+                                                   paired=embeddings(7), **kw),
+        "gcbs_shuffle_drop": lambda **kw: hb.GCBSSampler(x, B, quantile=0.98,
+                                                         shuffle_batches=True, drop_last=True,
+                                                         **kw),
+    }
+    return cfgs
+
+
+def _bank_run(make, steps: int = 25) -> torch.Tensor:
+    """Batches of a sampler reading a bank that the 'training loop' writes every step."""
+    bank = hb.EmbeddingBank(N, D, seed=3)
+    sampler = make(bank)
+    out = []
+    step = 0
+    for e in range(2):
+        sampler.set_epoch(e)
+        for batch in sampler:
+            out.append(batch)
+            gen = torch.Generator().manual_seed(1000 + step)
+            bank.update(torch.tensor(batch), torch.randn(len(batch), D, generator=gen))
+            step += 1
+            if step >= steps:
+                break
+        if step >= steps:
+            break
+    return _cat(out)
+
+
+def sampler_cases() -> dict[str, torch.Tensor]:
+    x = embeddings(0)
+    out: dict[str, torch.Tensor] = {}
+    cfgs = _samplers(x)
+    for name, make in cfgs.items():
+        out[f"sampler/{name}/seed0"] = _epochs(make(seed=0))
+        out[f"sampler/{name}/seed5"] = _epochs(make(seed=5), epochs=1)
+        # resume mid-epoch (epoch 1, after 3 batches), the rest of the epoch
+        s = make(seed=1)
+        s.set_epoch(1)
+        it = iter(s)
+        head = [next(it) for _ in range(3)]
+        state = s.state_dict()
+        r = make(seed=1)
+        r.load_state_dict(state)
+        out[f"sampler/{name}/resume"] = _cat(head + list(r))
+        for world in (2, 3):
+            ranks = []
+            for rank in range(world):
+                ranks.extend(list(make(seed=2, rank=rank, world_size=world)))
+            out[f"sampler/{name}/world{world}"] = _cat(ranks)
+    # prefetching planner thread and pipelined / background refresh
+    for name in ("knn", "prox_rwr", "prox_rwr_decay"):
+        out[f"sampler/{name}/prefetch2"] = _epochs(cfgs[name](seed=0, prefetch=2))
+    for name in ("prox_rwr", "prox_knn_graph", "gcbs_exact"):
+        out[f"sampler/{name}/lag1"] = _epochs(cfgs[name](seed=0, refresh_lag=1))
+        out[f"sampler/{name}/background"] = _epochs(cfgs[name](seed=0, background=True))
+    # live banks: refresh reads what the loop wrote
+    live = {
+        "knn": lambda bank, **kw: hb.KNNBatchSampler(bank, B, refresh_every=3, **kw),
+        "prox_rwr": lambda bank, **kw: hb.ProximityGraphSampler(
+            bank, B, candidates=100, neighbors=10, refresh_every=4, **kw),
+        "gcbs": lambda bank, **kw: hb.GCBSSampler(bank, B, quantile=0.98, **kw),
+    }
+    for name, make in live.items():
+        out[f"bank/{name}"] = _bank_run(lambda bank: make(bank, seed=0))
+        out[f"bank/{name}/lag1"] = _bank_run(lambda bank: make(bank, seed=0, refresh_lag=1))
+        if name != "knn":  # the kNN sampler's snapshot is a copy: no background build
+            out[f"bank/{name}/background"] = _bank_run(
+                lambda bank: make(bank, seed=0, background=True))
+    out["bank/knn/prefetch2"] = _bank_run(lambda bank: live["knn"](bank, seed=0, prefetch=2))
+    out["bank/prox_rwr/prefetch2_background"] = _bank_run(
+        lambda bank: live["prox_rwr"](bank, seed=0, prefetch=2, background=True))
+    # the functional core
+    out["fn/proximity_graph"] = hb.proximity_graph(x, 100, 10, seed=4)
+    out["fn/proximity_graph_g5"] = hb.proximity_graph(x, 100, 10, seed=4, group_size=5)
+    out["fn/knn_graph"] = hb.knn_graph(x, 10)
+    graph = hb.knn_graph(x, 10)
+    for walk in ("rwr", "rw", "bfs", "dfs"):
+        out[f"fn/walk_batches/{walk}"] = hb.walk_batches(graph, B, 5, walk=walk, seed=9)
+    for method in ("exact", "ivf", "partition"):
+        out[f"fn/gcbs_permutation/{method}"] = hb.gcbs_permutation(x, 0.98, method=method,
+                                                                   seed=2)
+    return out
+
+
+def _views(seed: int, b: int = 12, d: int = 8, m: int = 5):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(b, d, generator=gen, dtype=torch.float64)
+    p = a + 0.5 * torch.randn(b, d, generator=gen, dtype=torch.float64)
+    neg = torch.randn(m, d, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, 4, (b,), generator=gen)
+    return a, p, neg, labels
+
+
+def _loss_and_grads(fn, a, p, neg, **kw) -> dict[str, torch.Tensor]:
+    a, p = a.clone().requires_grad_(), p.clone().requires_grad_()
+    if neg is not None:
+        neg = neg.clone().requires_grad_()
+        kw["negatives"] = neg
+    value = fn(a, p, **kw)
+    total = value.sum() if value.dim() else value
+    grads = torch.autograd.grad(total, [a, p] + ([neg] if neg is not None else []))
+    out = {"value": value.detach()}
+    for name, g in zip(("grad_anchor", "grad_positive", "grad_negatives"), grads):
+        out[name] = g
+    return out
+
+
+def loss_cases() -> dict[str, torch.Tensor]:
+    a, p, neg, labels = _views(0)
+    fns = {
+        "info_nce": (hb.info_nce, {}),
+        "debiased": (hb.debiased_info_nce, {"tau_plus": 0.1}),
+        "hard_negative": (hb.hard_negative_info_nce, {"tau_plus": 0.1, "beta": 1.0}),
+        "hard_negative_detach": (hb.hard_negative_info_nce,
+                                 {"tau_plus": 0.05, "beta": 0.5, "detach_weights": True}),
+        "sscl": (hb.sscl_loss, {"hardest": 6, "synthetic": 4}),
+        "sscl_nomix": (hb.sscl_loss, {"hardest": 6, "synthetic": 4, "mix": False}),
+        "sscl_detach": (hb.sscl_loss, {"hardest": 6, "synthetic": 4, "detach_weights": True,
+                                       "detach_synthetic": True}),
+    }
+    out: dict[str, torch.Tensor] = {}
+    for name, (fn, kw) in fns.items():
+        for form in ("simclr", "simcse"):
+            for variant, extra, use_neg in (("plain", {}, False),
+                                            ("labels", {"labels": labels}, False),
+                                            ("negatives", {}, True),
+                                            ("none_t01", {"reduction": "none",
+                                                          "temperature": 0.1}, False),
+                                            ("raw_sum", {"normalize": False,
+                                                         "reduction": "sum"}, False)):
+                kw2 = dict(kw, form=form, **extra)
+                if name.startswith("sscl"):
+                    kw2["generator"] = torch.Generator().manual_seed(11)
+                res = _loss_and_grads(fn, a, p, neg if use_neg else None, **kw2)
+                for key, val in res.items():
+                    out[f"loss/{name}/{form}/{variant}/{key}"] = val
+    modules = {
+        "InfoNCE": hb.InfoNCE(temperature=0.2, form="simcse"),
+        "DebiasedInfoNCE": hb.DebiasedInfoNCE(temperature=0.5, tau_plus=0.05),
+        "HardNegativeInfoNCE": hb.HardNegativeInfoNCE(temperature=0.5, tau_plus=0.05, beta=0.5),
+        "SSCLLoss": hb.SSCLLoss(temperature=0.5, hardest=6, synthetic=4,
+                               generator=torch.Generator().manual_seed(3)),
+    }
+    for name, mod in modules.items():
+        res = _loss_and_grads(lambda x, y, **kw: mod(x, y, **kw), a, p, None)
+        for key, val in res.items():
+            out[f"module/{name}/{key}"] = val
+        out[f"module/{name}/repr"] = torch.tensor(list(repr(mod).encode()), dtype=torch.uint8)
+    # half precision inputs
+    for name, fn in (("info_nce", hb.info_nce), ("debiased", hb.debiased_info_nce)):
+        for dtype in (torch.bfloat16, torch.float16):
+            out[f"half/{name}/{dtype}"] = fn(a.to(dtype), p.to(dtype), temperature=0.05,
+                                             form="simcse")
+    frac, bound = hb.debiased_floor_stats(a, p, temperature=0.05, tau_plus=0.1)
+    out["floor_stats"] = torch.tensor([float(frac), float(bound)], dtype=torch.float64)
+    return out
+
+
+def all_cases() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return {**sampler_cases(), **loss_cases()}
+
+
+def machine() -> str:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.machine()}|{cpu}|torch {torch.__version__}|numpy {np.__version__}"
+
+
+if __name__ == "__main__":
+    if "--write" not in sys.argv:
+        sys.exit("usage: python tests/golden/cases.py --write")
+    cases = all_cases()
+    torch.save({"machine": machine(), "cases": cases}, FIXTURE)
+    print(f"wrote {len(cases)} cases to {FIXTURE} ({FIXTURE.stat().st_size} bytes)")
