@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 import hardbatch as hb
 import hardbatch.distributed as hbdist
+import hardbatch._device as hbdevice
 import hardbatch.graph as hbgraph
 
 N, D, B = 600, 16, 40
@@ -51,7 +52,7 @@ def check_gather(rank: int, world: int) -> None:
 
 def check_graphs(x: np.ndarray) -> None:
     # Small blocks, so that both ranks build several blocks of groups / rows.
-    hbgraph._BLOCK_ELEMENTS = 1 << 13
+    hbdevice.BLOCK_ELEMENTS_CPU = 1 << 13
     for g in (None, 1):
         sharded = hbdist.proximity_graph(x, 100, 10, seed=3, group_size=g)
         assert torch.equal(sharded, hb.proximity_graph(x, 100, 10, seed=3, group_size=g))
@@ -63,7 +64,7 @@ def check_graphs(x: np.ndarray) -> None:
         assert torch.equal(
             hbdist.gcbs_permutation(x, 0.99, method="partition", partitions=parts, seed=4),
             hb.gcbs_permutation(x, 0.99, method="partition", partitions=parts, seed=4)), parts
-    hbgraph._BLOCK_ELEMENTS = 1 << 22
+    hbdevice.BLOCK_ELEMENTS_CPU = 1 << 22
 
 
 def check_bank(rank: int, world: int) -> None:

@@ -168,16 +168,18 @@ def test_knn_graph_bad_k(rng):
 @pytest.mark.parametrize("d,group_size", [(40, 2), (40, None), (6, 8)])
 def test_blocks_bound_gathered_candidates_and_do_not_change_the_graph(rng, monkeypatch, d,
                                                                         group_size):
+    import hardbatch._device as hbdevice
     import hardbatch.graph as hbgraph
-    from hardbatch.graph import _ProximityPlan, shard_range
+    from hardbatch._device import shard_range
+    from hardbatch.graph import ProximityGraphPlan
 
     x = unit_rows(rng, 400, d)
     m, k = 60, 7
     members, pools = candidate_pools(400, m, group_size or hbgraph.default_group_size(m, 400), 5)
     ref = dense_topk_reference(x, members, pools.astype(np.int64), k)
     for elements in (1 << 22, 6000, 2000, 1):
-        monkeypatch.setattr(hbgraph, "_BLOCK_ELEMENTS", elements)
-        plan = _ProximityPlan(x, m, k, 5, group_size, None, "fp32")
+        monkeypatch.setattr(hbdevice, "BLOCK_ELEMENTS_CPU", elements)
+        plan = ProximityGraphPlan(x, m, k, 5, group_size, None, "fp32")
         if plan.per_block > 1:  # similarities and gathered candidate floats both bounded
             assert plan.per_block * plan.g * m <= elements
             assert plan.per_block * m * d <= elements
@@ -191,10 +193,10 @@ def test_blocks_bound_gathered_candidates_and_do_not_change_the_graph(rng, monke
 
 
 def test_wide_embeddings_are_gathered_in_small_blocks():
-    from hardbatch.graph import _ProximityPlan
+    from hardbatch.graph import ProximityGraphPlan
 
     # N=3000, M=1000, d=128, g=1: the candidates of one block were 1.9 GB of floats.
     x = np.zeros((3000, 128), np.float32)
     x[:, 0] = 1
-    plan = _ProximityPlan(x, 1000, 10, 0, 1, None, "fp32")
+    plan = ProximityGraphPlan(x, 1000, 10, 0, 1, None, "fp32")
     assert plan.per_block * 1000 * 128 * 4 <= 16 * 2**20  # at most 4M floats (16 MiB)

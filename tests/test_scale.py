@@ -207,10 +207,10 @@ def test_gcbs_partition_method():
 
 
 def test_gcbs_partition_shards_cover_the_chain_and_concatenate_to_the_order(rng):
-    from hardbatch.gcbs import _PartitionPlan, similarity_threshold
+    from hardbatch.gcbs import PartitionPlan, similarity_threshold
 
     x = unit_rows(rng, 3000, 8)
-    plan = _PartitionPlan(x, x, similarity_threshold(x, x, 0.99, 1), 7, 1, None, "fp32")
+    plan = PartitionPlan(x, x, similarity_threshold(x, x, 0.99, 1), 7, 1, None, "fp32")
     whole = plan.order(0, 7)
     assert torch.equal(torch.from_numpy(whole),
                        hb.gcbs_permutation(x, 0.99, method="partition", partitions=7, seed=1))

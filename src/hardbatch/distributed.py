@@ -39,9 +39,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .gcbs import (_gcbs_inputs, _PairPlan, _partitions_of, _PartitionPlan, _rcm_order,
+from ._device import Precision, shard_range
+from .gcbs import (PairSearchPlan, PartitionPlan, gcbs_inputs, partition_count, rcm_order,
                    similarity_threshold)
-from .graph import Precision, _KNNPlan, _ProximityPlan, shard_range
+from .graph import KNNGraphPlan, ProximityGraphPlan
 
 __all__ = ["all_gather_rows", "gcbs_permutation", "get_rank_world", "is_distributed",
            "knn_graph", "proximity_graph", "sync_bank_update"]
@@ -103,7 +104,7 @@ def proximity_graph(embeddings, candidates: int = 1000, neighbors: int = 100, se
     all-gathered, so every rank returns the full [N, K] graph, identical to the
     single-process one.
     """
-    plan = _ProximityPlan(embeddings, candidates, neighbors, seed, group_size, device, precision)
+    plan = ProximityGraphPlan(embeddings, candidates, neighbors, seed, group_size, device, precision)
     rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
     start, end = shard_range(plan.num_blocks, rank, world)
     return plan.assemble(all_gather_rows(plan.rows(start, end), group))
@@ -114,7 +115,7 @@ def knn_graph(embeddings, neighbors: int = 100, *, method: str = "exact",
               nlist: int | None = None, nprobe: int = 16, seed: int = 0,
               group=None) -> torch.Tensor:
     """:func:`hardbatch.knn_graph`, rows sharded by contiguous row blocks across ``group``."""
-    plan = _KNNPlan(embeddings, neighbors, method, device, precision, nlist, nprobe, seed)
+    plan = KNNGraphPlan(embeddings, neighbors, method, device, precision, nlist, nprobe, seed)
     rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
     start, end = shard_range(plan.num_blocks, rank, world)
     return all_gather_rows(plan.rows(start, end), group)
@@ -131,13 +132,13 @@ def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method
     contiguous range of the chain of about equal cost (sum of squared cell
     sizes), and the ranges are all-gathered in chain order.
     """
-    x, y, quantile = _gcbs_inputs(embeddings, paired, quantile)
+    x, y, quantile = gcbs_inputs(embeddings, paired, quantile)
     n = x.shape[0]
     if n == 1:
         return torch.zeros(1, dtype=torch.int64)
     threshold = similarity_threshold(x, y, quantile, seed, device=device, precision=precision)
     if method == "partition":
-        part = _PartitionPlan(x, y, threshold, _partitions_of(n, partitions), seed, device,
+        part = PartitionPlan(x, y, threshold, partition_count(n, partitions), seed, device,
                               precision)
         if not is_distributed(group):
             return torch.from_numpy(part.order(0, len(part.chain)))
@@ -150,12 +151,12 @@ def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method
         rank, world = get_rank_world(group)
         mine = torch.from_numpy(part.order(*part.shard(rank, world)))
         return all_gather_rows(mine, group)
-    plan = _PairPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
+    plan = PairSearchPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
                      device=device, precision=precision)
     rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
     rows, cols = plan.pairs(*shard_range(plan.num_units, rank, world))
     pairs = all_gather_rows(torch.from_numpy(np.stack([rows, cols], axis=1)), group).numpy()
-    return _rcm_order(pairs[:, 0], pairs[:, 1], n, seed)
+    return rcm_order(pairs[:, 0], pairs[:, 1], n, seed)
 
 
 def sync_bank_update(indices: torch.Tensor, embeddings: torch.Tensor,

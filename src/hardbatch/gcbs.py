@@ -53,11 +53,12 @@ from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from . import _rng
 from ._validation import as_embeddings, check_int
-from .graph import Precision, block_elements, check_precision, matmul_fp32, resolve_device
+from ._device import (BLOCK_ELEMENTS_CPU, Precision, block_elements, check_precision,
+                      matmul_fp32, resolve_device)
 
-__all__ = ["gcbs_permutation", "similarity_threshold", "thresholded_pairs"]
+__all__ = ["PairSearchPlan", "PartitionPlan", "gcbs_inputs", "gcbs_permutation", "partition_count",
+           "rcm_order", "similarity_threshold", "thresholded_pairs"]
 
-_BLOCK_ELEMENTS = 1 << 22
 _QUANTILE_SAMPLE = 20_000_000
 
 
@@ -79,7 +80,7 @@ def similarity_threshold(x: np.ndarray, y: np.ndarray, quantile: float, seed: in
     xt = torch.from_numpy(x).to(dev, dtype)
     yt = xt if y is x else torch.from_numpy(y).to(dev, dtype)
     values = []
-    per = max(1, _BLOCK_ELEMENTS // n)
+    per = max(1, BLOCK_ELEMENTS_CPU // n)
     for s in range(0, len(rows), per):
         r = torch.from_numpy(rows[s:s + per]).to(dev)
         sims = matmul_fp32(xt[r], yt.T)
@@ -123,7 +124,7 @@ def _concat(rows: list, cols: list) -> tuple[np.ndarray, np.ndarray]:
             np.concatenate(cols).astype(np.int64, copy=False))
 
 
-class _PairPlan:
+class PairSearchPlan:
     """Step 2 of GCBS (pairs above the threshold), cut into units that ranks can share.
 
     Units are row blocks (``"exact"``, ``"faiss"``) or inverted lists
@@ -261,12 +262,13 @@ def thresholded_pairs(x: np.ndarray, y: np.ndarray, threshold: float,
 
     Memory: O(nnz) pairs plus one block of similarities on ``device``.
     """
-    plan = _PairPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
+    plan = PairSearchPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
                      device=device, precision=precision)
     return plan.pairs(0, plan.num_units)
 
 
-def _gcbs_inputs(embeddings, paired, quantile) -> tuple[np.ndarray, np.ndarray, float]:
+def gcbs_inputs(embeddings, paired, quantile) -> tuple[np.ndarray, np.ndarray, float]:
+    """Checked GCBS inputs: unit-row float32 X [N, d], Y [N, d] (X itself when unpaired), q."""
     x = as_embeddings(embeddings, "embeddings", normalize=True)
     if paired is None:
         y = x
@@ -281,7 +283,7 @@ def _gcbs_inputs(embeddings, paired, quantile) -> tuple[np.ndarray, np.ndarray, 
     return x, y, quantile
 
 
-def _rcm_order(rows: np.ndarray, cols: np.ndarray, n: int, seed: int) -> torch.Tensor:
+def rcm_order(rows: np.ndarray, cols: np.ndarray, n: int, seed: int) -> torch.Tensor:
     """Step 3: symmetrised pattern, seeded random relabelling, reverse Cuthill-McKee."""
     # Random relabelling: RCM breaks ties (start node, equal degrees) by label.
     relabel = _rng.permutation(n, _rng.derive_seed(seed, 0x3C3))
@@ -294,14 +296,14 @@ def _rcm_order(rows: np.ndarray, cols: np.ndarray, n: int, seed: int) -> torch.T
     return torch.from_numpy(relabel[np.asarray(order, np.int64)])
 
 
-class _PartitionPlan:
+class PartitionPlan:
     """Partitioned GCBS: coarse k-means cells, exact pairs + RCM within each, cells chained.
 
     Items are put in the cell of their nearest centroid (spherical k-means on
     ``y``, :func:`_kmeans`); cells are visited along a greedy nearest-centroid
     chain from cell 0, so consecutive cells are similar; within a cell the
     pairs above the global ``threshold`` are found exactly and ordered by
-    reverse Cuthill-McKee (:func:`_rcm_order`). Pairs across cells are dropped.
+    reverse Cuthill-McKee (:func:`rcm_order`). Pairs across cells are dropped.
     Cost about N^2 d / P for P balanced cells, memory O(N*d + nnz of one cell).
     With ``partitions=1`` this is exactly the ``"exact"`` method.
 
@@ -368,11 +370,12 @@ class _PartitionPlan:
             rows, cols = thresholded_pairs(xs, ys, self.threshold, "exact", device=self.device,
                                            precision=self.precision)
             seed = self.seed if len(self.chain) == 1 else _rng.derive_seed(self.seed, c)
-            out.append(idx[_rcm_order(rows, cols, len(idx), seed).numpy()])
+            out.append(idx[rcm_order(rows, cols, len(idx), seed).numpy()])
         return np.concatenate(out).astype(np.int64, copy=False)
 
 
-def _partitions_of(n: int, partitions: int | None) -> int:
+def partition_count(n: int, partitions: int | None) -> int:
+    """Cells of ``method="partition"``: ``partitions`` checked, or ceil(N / 100,000)."""
     return -(-n // 100_000) if partitions is None else check_int(
         partitions, "partitions", low=1, high=n)
 
@@ -417,15 +420,15 @@ def gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.
     if method not in ("exact", "ivf", "faiss", "partition"):
         raise ValueError(f"method={method!r} must be 'exact', 'ivf', 'faiss' or 'partition'")
     nlist, nprobe = check_search_args(nlist, nprobe)
-    x, y, quantile = _gcbs_inputs(embeddings, paired, quantile)
+    x, y, quantile = gcbs_inputs(embeddings, paired, quantile)
     n = x.shape[0]
     if n == 1:
         return torch.zeros(1, dtype=torch.int64)
     threshold = similarity_threshold(x, y, quantile, seed, device=device, precision=precision)
     if method == "partition":
-        plan = _PartitionPlan(x, y, threshold, _partitions_of(n, partitions), seed, device,
+        plan = PartitionPlan(x, y, threshold, partition_count(n, partitions), seed, device,
                               precision)
         return torch.from_numpy(plan.order(0, len(plan.chain)))
     rows, cols = thresholded_pairs(x, y, threshold, method, nlist=nlist, nprobe=nprobe,
                                    seed=seed, device=device, precision=precision)
-    return _rcm_order(rows, cols, n, seed)
+    return rcm_order(rows, cols, n, seed)

@@ -68,69 +68,12 @@ import torch
 from numba import njit
 
 from . import _rng
+from ._device import Precision, block_elements, check_precision, matmul_fp32, resolve_device
 from ._rng import rand_below, rand_unit
 from ._validation import as_embeddings, check_int
 
-__all__ = ["candidate_pools", "default_group_size", "knn_graph", "proximity_graph"]
-
-Precision = Literal["fp32", "bf16", "fp16"]
-
-# Target elements of one similarity block (rows x columns); bounds working memory.
-_BLOCK_ELEMENTS = 1 << 22
-_BLOCK_ELEMENTS_CUDA = 1 << 26
-_HALF = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-_OUT_DTYPE_OK: dict[str, bool] = {}
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``device`` as a ``torch.device`` (None: CPU); ``ValueError`` for an unknown name."""
-    if device is None:
-        return torch.device("cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device={device!r} is not a torch device; pass 'cpu', 'cuda' or "
-                         "'cuda:0'") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available; pass device='cpu'")
-    return dev
-
-
-def check_precision(precision: str) -> torch.dtype:
-    """Storage dtype of the embeddings for ``precision`` (fp32, bf16 or fp16)."""
-    if precision not in _HALF:
-        raise ValueError(f"precision={precision!r} must be 'fp32', 'bf16' or 'fp16'")
-    return _HALF[precision] or torch.float32
-
-
-def block_elements(device: torch.device) -> int:
-    """Similarities computed per block: ~4M on CPU (cache-sized), ~64M on CUDA."""
-    return _BLOCK_ELEMENTS_CUDA if device.type == "cuda" else _BLOCK_ELEMENTS
-
-
-def matmul_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` (2-D or batched 3-D) as float32, with fp32 accumulation for half inputs.
-
-    float32 inputs: a plain product. bf16/fp16 inputs: on CUDA the product is
-    written in fp32 (``out_dtype=torch.float32``, torch >= 2.8; older torch
-    returns the half result, widened); on other devices the half product
-    (accumulated in fp32 by torch's CPU kernels) is widened.
-    """
-    if a.dtype == torch.float32:
-        return a @ b
-    key = a.device.type
-    if key == "cuda" and _OUT_DTYPE_OK.get(key, True):
-        op = torch.bmm if a.ndim == 3 else torch.mm
-        try:
-            return op(a, b, out_dtype=torch.float32)
-        except (RuntimeError, TypeError, NotImplementedError):
-            _OUT_DTYPE_OK[key] = False
-    return (a @ b).float()
-
-
-def shard_range(num_units: int, rank: int, world_size: int) -> tuple[int, int]:
-    """Contiguous share ``[start, end)`` of ``num_units`` work units for ``rank`` of ``world_size``."""
-    return num_units * rank // world_size, num_units * (rank + 1) // world_size
+__all__ = ["KNNGraphPlan", "ProximityGraphPlan", "candidate_pools", "default_group_size",
+           "knn_graph", "proximity_graph"]
 
 
 def default_group_size(candidates: int, num_items: int) -> int:
@@ -256,7 +199,7 @@ def _check_graph_args(x: np.ndarray, candidates: int, neighbors: int) -> None:
                          f"N={n}; lower candidates (or use knn_graph for exact neighbours)")
 
 
-class _ProximityPlan:
+class ProximityGraphPlan:
     """Validated inputs, candidate pools and block layout of one proximity-graph build.
 
     Shared by :func:`proximity_graph` (all blocks) and
@@ -360,15 +303,15 @@ def proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 100
     ``device`` (N*d in the chosen precision) and one block of at most about 4M (CPU)
     or 64M (CUDA) similarities and as many floats of gathered candidate embeddings.
     """
-    plan = _ProximityPlan(embeddings, candidates, neighbors, seed, group_size, device, precision)
+    plan = ProximityGraphPlan(embeddings, candidates, neighbors, seed, group_size, device, precision)
     return plan.rows(0, plan.num_blocks, out=plan.empty())
 
 
 _KNN_METHODS = ("exact", "faiss", "faiss-ivf")
 
 
-class _KNNPlan:
-    """Validated inputs and row blocks of one kNN-graph build (see :class:`_ProximityPlan`)."""
+class KNNGraphPlan:
+    """Validated inputs and row blocks of one kNN-graph build (see :class:`ProximityGraphPlan`)."""
 
     def __init__(self, embeddings, neighbors: int, method: str, device, precision: str,
                  nlist: int | None, nprobe: int, seed: int) -> None:
@@ -464,5 +407,5 @@ def knn_graph(embeddings: torch.Tensor | np.ndarray, neighbors: int = 100, *,
     Memory: O(N*K) output plus the embeddings and one block of about 4M (CPU)
     or 64M (CUDA) similarities; faiss adds its index (N*d floats).
     """
-    plan = _KNNPlan(embeddings, neighbors, method, device, precision, nlist, nprobe, seed)
+    plan = KNNGraphPlan(embeddings, neighbors, method, device, precision, nlist, nprobe, seed)
     return plan.rows(0, plan.num_blocks)

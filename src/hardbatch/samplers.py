@@ -39,7 +39,8 @@ from . import distributed as hbdist
 from ._validation import check_int, num_items_of
 from .embeddings import EmbeddingSource, read_embeddings, source_num_items
 from .gcbs import check_search_args, gcbs_permutation
-from .graph import check_group_size, check_precision, knn_graph, proximity_graph, resolve_device
+from ._device import check_precision, resolve_device
+from .graph import check_group_size, knn_graph, proximity_graph
 from .schedules import LinearDecay
 from .walks import WALKS, WalkState, check_restart, default_patience, prepare_graph
 

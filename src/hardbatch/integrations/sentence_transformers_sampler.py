@@ -38,7 +38,7 @@ import torch
 from torch.utils.data import Sampler
 
 from .. import distributed as hbdist
-from ..graph import shard_range
+from .._device import shard_range
 from ..samplers import GCBSSampler, KNNBatchSampler, ProximityGraphSampler, UniformBatchSampler
 
 __all__ = [
