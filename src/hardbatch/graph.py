@@ -72,8 +72,8 @@ from ._device import Precision, block_elements, check_precision, matmul_fp32, re
 from ._rng import rand_below, rand_unit
 from ._validation import as_embeddings, check_int
 
-__all__ = ["KNNGraphPlan", "ProximityGraphPlan", "candidate_pools", "default_group_size",
-           "knn_graph", "proximity_graph"]
+__all__ = ["KNNGraphPlan", "ProximityGraphPlan", "candidate_pools", "check_graph_sizes",
+           "default_group_size", "knn_graph", "proximity_graph"]
 
 
 def default_group_size(candidates: int, num_items: int) -> int:
@@ -186,17 +186,36 @@ def candidate_pools(num_items: int, candidates: int, group_size: int,
     return members, pools
 
 
+def check_graph_sizes(candidates: int, neighbors: int, num_items: int, *,
+                      flags: bool = False) -> None:
+    """The proximity graph's size rule K < M < N, as one ``ValueError`` naming the fix.
+
+    ``flags=True`` names the command-line options (``--candidates``) instead of the
+    keyword arguments. Every sampler, command and recipe checks the rule here.
+    """
+    m, k, n = candidates, neighbors, num_items
+    if k >= m:
+        if flags:
+            raise ValueError(f"--neighbors {k} must be smaller than --candidates {m}; use "
+                             f"e.g. --neighbors {max(1, m // 5)} or raise --candidates")
+        raise ValueError(f"neighbors={k} must be smaller than candidates={m}; raise candidates "
+                         "or lower neighbors")
+    if m >= n:
+        if flags:
+            raise ValueError(f"--candidates {m} must be smaller than the number of items N={n}; "
+                             f"use e.g. --candidates {max(2, n // 2)} (the paper uses 500 for "
+                             "small data sets, 1000 for large ones)")
+        fix = (f"lower candidates (e.g. {min(n - 1, max(k + 1, n // 2))})" if k + 1 < n else
+               f"lower neighbors below N - 1 = {n - 1} and candidates between neighbors and N "
+               "(or use a kNN graph)")
+        raise ValueError(f"candidates={m} must be smaller than the number of items N={n}; {fix}")
+
+
 def _check_graph_args(x: np.ndarray, candidates: int, neighbors: int) -> None:
     n = x.shape[0]
     if n < 2:
         raise ValueError(f"embeddings has N={n} item(s); a neighbour graph needs at least 2")
-    if neighbors >= candidates:
-        raise ValueError(f"neighbors={neighbors} must be smaller than candidates={candidates}: "
-                         "K nearest are chosen among M random candidates; raise candidates "
-                         "or lower neighbors")
-    if candidates >= n:
-        raise ValueError(f"candidates={candidates} must be smaller than the number of items "
-                         f"N={n}; lower candidates (or use knn_graph for exact neighbours)")
+    check_graph_sizes(candidates, neighbors, n)
 
 
 class ProximityGraphPlan:

@@ -40,7 +40,7 @@ from ._validation import check_int, num_items_of
 from .embeddings import EmbeddingSource, read_embeddings, source_num_items
 from .gcbs import check_search_args, gcbs_permutation
 from ._device import check_precision, resolve_device
-from .graph import check_group_size, knn_graph, proximity_graph
+from .graph import check_graph_sizes, check_group_size, knn_graph, proximity_graph
 from .schedules import LinearDecay
 from .walks import WALKS, WalkState, check_restart, default_patience, prepare_graph
 
@@ -905,16 +905,7 @@ class ProximityGraphSampler(_RefreshingSampler):
         self.graph_kind = graph
         n = self.num_items
         if graph == "proximity":
-            if self.neighbors >= self.candidates:
-                raise ValueError(f"neighbors={neighbors} must be smaller than candidates="
-                                 f"{candidates}; raise candidates or lower neighbors")
-            if self.candidates >= n:
-                fix = (f"lower candidates (e.g. {min(n - 1, max(self.neighbors + 1, n // 2))})"
-                       if self.neighbors + 1 < n else
-                       f"lower neighbors below N - 1 = {n - 1} and candidates between neighbors "
-                       "and N (or use graph='knn')")
-                raise ValueError(f"candidates={candidates} must be smaller than the number of "
-                                 f"items N={n}; {fix}")
+            check_graph_sizes(self.candidates, self.neighbors, n)
             group_size = check_group_size(group_size, self.candidates, n)
         elif self.neighbors >= n:
             raise ValueError(f"neighbors={neighbors} must be smaller than N={n}")
