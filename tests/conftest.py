@@ -1,18 +1,10 @@
-import os
+"""Fixtures shared by the whole suite; plain helpers live in ``support.py``."""
+
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def shared_data_root() -> Path | None:
-    env = os.environ.get("HARDBATCH_DATA")
-    for cand in ([Path(env)] if env else []) + [REPO.parent / "shared" / "data"]:
-        if cand.is_dir():
-            return cand
-    return None
+from support import shared_data_root
 
 
 @pytest.fixture(scope="session")
@@ -26,11 +18,6 @@ def data_root() -> Path:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
-
-
-def unit_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
-    x = rng.standard_normal((n, d)).astype(np.float32)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
 @pytest.fixture(scope="session")

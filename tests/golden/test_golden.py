@@ -8,14 +8,10 @@ inputs, computed in float32) elsewhere, where vectorised reductions may sum in a
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-import cases  # noqa: E402
+from golden import cases
 
 GOLDEN = torch.load(cases.FIXTURE, weights_only=True)
 

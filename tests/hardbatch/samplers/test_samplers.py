@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import unit_rows
+from support import unit_rows
 from torch.utils.data import DataLoader, TensorDataset
 
 import hardbatch as hb

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
-from conftest import unit_rows
+from support import unit_rows
 from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 import hardbatch as hb

@@ -1,6 +1,6 @@
-"""One rank of the torchrun test (tests/test_distributed.py); run it with
+"""One rank of the torchrun test (tests/hardbatch/test_distributed.py); run it with
 
-    torchrun --standalone --nproc_per_node=2 tests/distributed_worker.py
+    torchrun --standalone --nproc_per_node=2 tests/hardbatch/distributed_worker.py
 
 Checks, on gloo (CPU): all_gather_rows with uneven sizes, sharded proximity / kNN
 graphs and GCBS orders == the single-process ones, EmbeddingBank synchronisation, identical plans and

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from conftest import unit_rows
+from support import unit_rows
 
 import hardbatch as hb
 from hardbatch.samplers import ProximityGraphSampler
@@ -189,7 +189,7 @@ def test_samplers_accept_device_and_precision(rng):
 def test_gcbs_partition_method():
     import sys
     from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     from _common import gaussian_mixture
     from bench_gcbs import batch_top1
 

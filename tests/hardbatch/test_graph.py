@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import unit_rows
+from support import unit_rows
 
 import hardbatch as hb
 from hardbatch.graph import candidate_pools

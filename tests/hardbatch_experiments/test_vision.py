@@ -261,7 +261,7 @@ def test_throughput_benchmark_script(data_root, tmp_path):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import bench_simclr
 
     out = tmp_path / "simclr.json"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import unit_rows
+from support import unit_rows
 
 import hardbatch as hb
 import hardbatch.distributed as hbdist
@@ -24,7 +24,7 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 def test_torchrun_two_ranks_gloo():
     """Identical plans, distinct batches per step, sharded graphs == single-process graphs,
     synchronised banks, and a DDP-style run (foreground and background builds) equal to a
-    single-process simulation: see tests/distributed_worker.py."""
+    single-process simulation: see tests/hardbatch/distributed_worker.py."""
     torchrun = shutil.which("torchrun")
     cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
         "--standalone", "--nproc_per_node=2", str(WORKER)]
