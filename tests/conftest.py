@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from support import shared_data_root
 
 
@@ -16,6 +17,16 @@ def data_root() -> Path:
 
 
 @pytest.fixture
+def one_thread():
+    """One torch thread for tiny models: more only add overhead (and collapse on a busy
+    machine). Modules use it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
@@ -23,6 +34,6 @@ def rng() -> np.random.Generator:
 @pytest.fixture(scope="session")
 def mnist_pca(data_root):
     """MNIST train images projected to 64 PCA dims (fit on 10k images), unit rows; and labels."""
-    from hardbatch.datasets import mnist_pca
+    from hardbatch_experiments.datasets import mnist_pca
 
     return mnist_pca(data_root)

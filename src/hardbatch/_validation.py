@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -27,6 +28,23 @@ def check_real(value, name: str, expected: str = "a number") -> float:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be {expected}, got {value!r}")
     return float(value)
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    """``ValueError`` listing ``choices`` unless ``value`` is one of them."""
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; use one of {', '.join(map(repr, choices))}")
+
+
+def check_constant(value, name: str, expected: str) -> float:
+    """:func:`check_real`, refusing a tensor that requires grad (a learnable hyperparameter)."""
+    if isinstance(value, torch.Tensor) and value.requires_grad:
+        # float() would silently cut a learnable value off its gradient
+        raise ValueError(
+            f"{name} must be a constant, got a tensor that requires grad; learnable values "
+            f"are not supported, pass float({name}) to use its current value"
+        )
+    return check_real(value, name, expected)
 
 
 def check_matrix_shape(shape: tuple, name: str) -> None:
@@ -95,3 +113,124 @@ def num_items_of(n_or_dataset, name: str = "n_or_dataset") -> int:
     if n <= 0:
         raise ValueError(f"{name} has no items (N={n}); pass a non-empty dataset")
     return n
+
+
+# --------------------------------------------------------------------------- contrastive losses
+
+
+def check_temperature(temperature) -> float:
+    """The loss temperature as a float (also takes numpy scalars and 0-d tensors)."""
+    hint = "a finite number > 0 (e.g. 0.5 for SimCLR, 0.05 for SimCSE)"
+    t = check_constant(temperature, "temperature", hint)
+    if not math.isfinite(t) or t <= 0:
+        raise ValueError(f"temperature must be {hint}, got {temperature!r}")
+    return t
+
+
+def check_tau_plus(tau_plus) -> float:
+    """DCL / HCL's class prior of false negatives as a float in ``[0, 1)``."""
+    hint = "in [0, 1) (class prior of false negatives), e.g. 0.1"
+    value = check_constant(tau_plus, "tau_plus", hint)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"tau_plus must be {hint}, got {tau_plus!r}")
+    return value
+
+
+def check_beta(beta) -> float:
+    """HCL's hardness concentration as a finite float >= 0."""
+    hint = "a finite number >= 0 (hardness concentration; 0 disables the reweighting)"
+    value = check_constant(beta, "beta", hint)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"beta must be {hint}, got {beta!r}")
+    return value
+
+
+def check_synthetic(hardest, synthetic) -> tuple[int, int]:
+    """SSCL's ``(hardest, synthetic)`` as Python ints >= 0 (numpy integers accepted)."""
+    hardest, synthetic = check_int(hardest, "hardest", 0), check_int(synthetic, "synthetic", 0)
+    if synthetic > 0 and hardest == 0:
+        raise ValueError(
+            "hardest must be >= 1 when synthetic > 0 (synthetic negatives are mixed from the "
+            "hardest ones); set synthetic=0 to disable them"
+        )
+    return hardest, synthetic
+
+
+def check_finite_tensor(x: torch.Tensor, name: str) -> None:
+    """``ValueError`` if the tensor ``x`` holds NaN or inf (one device sync on GPU)."""
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(
+            f"{name} contains NaN or inf values; check the encoder output (or pass "
+            f"check_finite=False to skip this test)"
+        )
+
+
+def _shape_of(x) -> object:
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def check_pair_inputs(
+    anchor: torch.Tensor,
+    positive: torch.Tensor,
+    labels: torch.Tensor | None,
+    negatives: torch.Tensor | None,
+    check_finite: bool,
+) -> None:
+    """The inputs of a contrastive loss: two ``[B, d]`` float views on one device, optional
+    ``[B]`` labels and ``[m, d]`` negatives; ``B >= 2``, or ``B >= 1`` with ``m >= 1``."""
+    for name, x in (("anchor", anchor), ("positive", positive)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D tensor [B, d], got {_shape_of(x)}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating point tensor, got dtype {x.dtype}")
+    if anchor.shape != positive.shape:
+        raise ValueError(
+            f"anchor and positive must have the same shape [B, d] (row i of each is a positive "
+            f"pair), got {tuple(anchor.shape)} and {tuple(positive.shape)}"
+        )
+    if anchor.shape[1] == 0:
+        raise ValueError(
+            f"anchor and positive must have at least one feature (d >= 1), got shape "
+            f"{tuple(anchor.shape)}"
+        )
+    if anchor.device != positive.device:
+        raise ValueError(
+            f"anchor and positive must be on the same device, got {anchor.device} and "
+            f"{positive.device}; move them with .to(device)"
+        )
+    if labels is not None:
+        if not isinstance(labels, torch.Tensor) or labels.shape != (anchor.shape[0],):
+            raise ValueError(
+                f"labels must be a 1-D tensor [B] = [{anchor.shape[0]}], got {_shape_of(labels)}"
+            )
+        # NaN != NaN would make an item a negative of itself and of its positive.
+        if labels.is_floating_point() and not bool(torch.isfinite(labels).all()):
+            raise ValueError(
+                "labels contains NaN or inf values; use integer class ids (or finite floats)"
+            )
+    if negatives is not None:
+        if (not isinstance(negatives, torch.Tensor) or negatives.dim() != 2
+                or negatives.shape[1] != anchor.shape[1]):
+            raise ValueError(f"negatives must be a 2-D tensor [m, d] with d={anchor.shape[1]}, "
+                             f"got {_shape_of(negatives)}")
+        if not negatives.is_floating_point():
+            raise ValueError(
+                f"negatives must be a floating point tensor, got dtype {negatives.dtype}"
+            )
+        if negatives.device != anchor.device:
+            raise ValueError(
+                f"negatives must be on the device of anchor and positive ({anchor.device}), "
+                f"got {negatives.device}; move them with .to(device)"
+            )
+    # With extra negatives a single pair still has something to be contrasted with.
+    has_bank = negatives is not None and negatives.shape[0] > 0
+    if anchor.shape[0] < (1 if has_bank else 2):
+        raise ValueError(
+            f"need a batch of at least 2 pairs (B >= 2) for in-batch negatives, or B >= 1 with "
+            f"at least one row of negatives, got B={anchor.shape[0]}"
+            + ("" if has_bank else "; use drop_last=True in the DataLoader or pass negatives")
+        )
+    if check_finite:
+        for name, x in (("anchor", anchor), ("positive", positive), ("negatives", negatives)):
+            if x is not None:
+                check_finite_tensor(x, name)

@@ -9,7 +9,7 @@ global-vs-batch NT-Xent loss gap), prints a markdown table and writes ``inspect.
 ``hardbatch.cli`` wires it in with :func:`add_inspect_parser`; ``python -m
 hardbatch.inspect_cli EMBEDDINGS ...`` runs it standalone. Input problems (missing file,
 unknown extension, wrong shape, label count mismatch, invalid sampler parameters) exit with
-code 2 and a one-line message on stderr.
+code 2 and a one-line message on stderr. Samplers are built by :mod:`hardbatch.registry`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .cli import _positive_int
+from .cli_types import open_probability, positive_float, positive_int, probability
+from .graph import check_graph_sizes
+from .registry import make_sampler, parse_names
 
 __all__ = ["add_inspect_parser", "build_parser", "main", "run_inspect"]
 
-SAMPLERS = ("uniform", "knn", "proximity", "gcbs")
 EMBEDDING_EXTENSIONS = (".npy", ".npz", ".pt", ".pth")
 LABEL_EXTENSIONS = (".npy", ".npz", ".pt", ".pth", ".txt", ".csv")
 DEFAULT_BATCH_SIZE, DEFAULT_CANDIDATES, DEFAULT_NEIGHBORS = 512, 1000, 100
@@ -54,75 +55,38 @@ class InspectError(Exception):
 # ---------------------------------------------------------------------------------------------
 # parser
 # ---------------------------------------------------------------------------------------------
-def _probability(low_open: bool, high_open: bool):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        lo_ok = value > 0 if low_open else value >= 0
-        hi_ok = value < 1 if high_open else value <= 1
-        if not (math.isfinite(value) and lo_ok and hi_ok):
-            interval = ("(" if low_open else "[") + "0, 1" + (")" if high_open else "]")
-            raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}")
-        return value
-
-    return parse
-
-
-def _sampler_list(text: str) -> list[str]:
-    names = [t.strip().lower() for t in text.split(",") if t.strip()]
-    bad = [t for t in names if t not in (*SAMPLERS, "all")]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(
-            f"unknown sampler {', '.join(bad) or repr(text)}; choose from "
-            f"{', '.join(SAMPLERS)} or all (comma-separated for several)")
-    return list(SAMPLERS) if "all" in names else list(dict.fromkeys(names))
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("embeddings", metavar="EMBEDDINGS",
                         help="item embeddings [N, d]: .npy, .npz or .pt")
     parser.add_argument("--labels", metavar="FILE", default=None,
                         help="class labels [N] (.npy/.npz/.pt/.txt) for the false-negative rate")
-    parser.add_argument("--sampler", type=_sampler_list, default=list(SAMPLERS),
-                        metavar="NAME[,NAME]",
+    parser.add_argument("--sampler", default="all", metavar="NAME[,NAME]",
                         help="samplers to compare: uniform, knn, proximity, gcbs or all; "
                              "several comma-separated, e.g. uniform,gcbs (default: all)")
-    parser.add_argument("--batch-size", type=_positive_int, default=None, metavar="B",
+    parser.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
                         help=f"batch size (default {DEFAULT_BATCH_SIZE}, lowered for small N)")
-    parser.add_argument("--candidates", type=_positive_int, default=None, metavar="M",
+    parser.add_argument("--candidates", type=positive_int, default=None, metavar="M",
                         help="proximity: candidate pool per item "
                              f"(default {DEFAULT_CANDIDATES}, must be < N)")
-    parser.add_argument("--neighbors", type=_positive_int, default=None, metavar="K",
+    parser.add_argument("--neighbors", type=positive_int, default=None, metavar="K",
                         help=f"proximity: neighbours kept (default {DEFAULT_NEIGHBORS}, "
                              "must be < candidates)")
-    parser.add_argument("--restart", type=_probability(False, False), default=0.2,
+    parser.add_argument("--restart", type=probability, default=0.2,
                         metavar="ALPHA", help="proximity: restart probability (default 0.2)")
     parser.add_argument("--walk", choices=("rwr", "rw", "bfs", "dfs"), default="rwr",
                         help="proximity: walk (default rwr)")
-    parser.add_argument("--quantile", type=_probability(True, True), default=0.999, metavar="Q",
+    parser.add_argument("--quantile", type=open_probability, default=0.999, metavar="Q",
                         help="gcbs: similarity quantile kept as edges (default 0.999)")
-    parser.add_argument("--batches", type=_positive_int, default=50, metavar="NUM",
+    parser.add_argument("--batches", type=positive_int, default=50, metavar="NUM",
                         help="batches drawn per sampler (default 50; more than one epoch "
                              "continues into the next)")
     parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    parser.add_argument("--bins", type=_positive_int, default=50,
+    parser.add_argument("--bins", type=positive_int, default=50,
                         help="histogram bins (default 50)")
     parser.add_argument("--loss-gap", action="store_true",
                         help="also compute the global-vs-batch NT-Xent loss gap of the drawn "
                              "batches (O(N^2 d); about a minute at N = 100k on 2 cores)")
-    parser.add_argument("--temperature", type=_positive_float, default=0.5, metavar="T",
+    parser.add_argument("--temperature", type=positive_float, default=0.5, metavar="T",
                         help="temperature of --loss-gap (default 0.5)")
     parser.add_argument("--out", default="hardbatch-inspect", metavar="DIR",
                         help="output folder (default ./hardbatch-inspect)")
@@ -274,44 +238,35 @@ def _resolve_parameters(args, n: int, samplers: list[str]) -> tuple[dict, list[s
                 m = n // 2
                 notes.append(f"--candidates lowered from {DEFAULT_CANDIDATES} to {m} for "
                              f"N={n} items (default)")
-        elif m >= n:
-            raise InspectError(f"--candidates {m} must be smaller than the number of items "
-                               f"N={n}; use e.g. --candidates {max(2, n // 2)} (the paper uses "
-                               "500 for small data sets, 1000 for large ones)")
         if k is None:
             k = DEFAULT_NEIGHBORS
             if k >= m:
                 k = max(1, m // 5)
                 notes.append(f"--neighbors lowered from {DEFAULT_NEIGHBORS} to {k} (must be "
                              f"< candidates={m}) (default)")
-        elif k >= m:
-            raise InspectError(f"--neighbors {k} must be smaller than --candidates {m}; use "
-                               f"e.g. --neighbors {max(1, m // 5)} or raise --candidates")
-        if m < 2 or k < 1 or k >= m:
+        if m < 2:
             raise InspectError(f"N={n} items are too few for the proximity sampler (needs "
                                "candidates < N and neighbors < candidates); drop it from "
                                "--sampler")
+        check_graph_sizes(m, k, n, flags=True)
         params.update(candidates=m, neighbors=k, restart=args.restart, walk=args.walk)
     if "gcbs" in samplers:
         params["quantile"] = args.quantile
     return params, notes
 
 
-def _make_sampler(name: str, x: np.ndarray, params: dict, seed: int):
-    import hardbatch as hb
+def _sampler_config(name: str, params: dict) -> dict:
+    """The options of sampler ``name`` that its row label and JSON entry show."""
+    keys = {"proximity": ("candidates", "neighbors", "restart", "walk"),
+            "gcbs": ("quantile",)}.get(name, ())
+    return {k: params[k] for k in keys}
 
-    b = params["batch_size"]
-    if name == "uniform":
-        return hb.UniformBatchSampler(x.shape[0], b, seed=seed), {}
-    if name == "knn":
-        return hb.KNNBatchSampler(x, b, refresh_every=None, seed=seed), {}
-    if name == "proximity":
-        config = {k: params[k] for k in ("candidates", "neighbors", "restart", "walk")}
-        return hb.ProximityGraphSampler(x, b, refresh_every=None, seed=seed, **config), config
-    if name == "gcbs":
-        return hb.GCBSSampler(x, b, quantile=params["quantile"], seed=seed), {
-            "quantile": params["quantile"]}
-    raise InspectError(f"unknown sampler {name!r}; use one of {', '.join(SAMPLERS)}")
+
+def _make_sampler(name: str, x: np.ndarray, params: dict, seed: int):
+    """``(sampler, config)``: the sampler over fixed embeddings (graphs built once)."""
+    config = _sampler_config(name, params)
+    fixed = {"refresh_every": None} if name in ("knn", "proximity") else {}
+    return make_sampler(name, x, params["batch_size"], seed=seed, **config, **fixed), config
 
 
 def _warm_up(name: str, dim: int, params: dict) -> None:
@@ -395,10 +350,10 @@ def _progress(message: str) -> None:
 
 
 def _inspect(args) -> int:
-    from . import metrics
+    from .metrics import LossGap, plan_stats
     from .plots import plot_similarity_histograms
 
-    samplers = list(args.sampler)
+    samplers = parse_names(args.sampler, "sampler")
     x = load_embeddings(args.embeddings)
     n, d = x.shape
     labels = None if args.labels is None else load_labels(args.labels, n)
@@ -411,12 +366,11 @@ def _inspect(args) -> int:
     except OSError as exc:
         raise InspectError(f"cannot create --out folder {args.out}: {exc.strerror}") from None
 
-    gap_context = None
+    gap = None
     if args.loss_gap:
         _progress(f"loss gap: global NT-Xent term over N={n} items (t={args.temperature:g}) ...")
-        xs, y, pos = metrics._prepare_views(x, None, args.temperature)
-        gap_context = (xs, y, pos, metrics._global_losses(xs, y, pos, args.temperature,
-                                                          symmetric=True))
+        gap = LossGap(x, args.temperature)
+        gap.global_losses  # noqa: B018 - computed now, under the progress message above
 
     rows, results, histograms = [], {}, {}
     for name in samplers:
@@ -430,23 +384,21 @@ def _inspect(args) -> int:
         t0 = time.perf_counter()
         batches = _draw(sampler, args.batches)
         seconds = time.perf_counter() - t0
-        stats = metrics.plan_stats(x, batches, labels, bins=args.bins)
+        stats = plan_stats(x, batches, labels, bins=args.bins)
         counts, edges = stats.pop("histogram")
         histograms[label] = (counts, edges)
         row = {"sampler": name, "label": label, "batch_size": params["batch_size"],
                **config, **stats, "sampler_seconds": seconds,
                "seconds_per_batch": seconds / max(1, len(batches))}
-        if gap_context is not None:
-            xs, y, pos, global_i = gap_context
-            gap = metrics._plan_losses(xs, y, pos, [np.asarray(b, np.int64) for b in batches],
-                                       global_i)
-            row.update(loss_gap=gap["gap"], global_loss=gap["global_loss"],
-                       batch_loss=gap["batch_loss"])
+        if gap is not None:
+            plan_gap = gap(batches)
+            row.update(loss_gap=plan_gap["gap"], global_loss=plan_gap["global_loss"],
+                       batch_loss=plan_gap["batch_loss"])
         rows.append(row)
         results[name] = {**row, "histogram": {"counts": counts.tolist(),
                                               "edges": edges.tolist()}}
 
-    table = _markdown_table(rows, labels is not None, gap_context is not None)
+    table = _markdown_table(rows, labels is not None, gap is not None)
     header = [f"# hardbatch inspect: {args.embeddings}", "",
               f"N = {n} items, d = {d}, {args.batches} batches per sampler, seed {args.seed}"]
     chance = None
@@ -456,7 +408,7 @@ def _inspect(args) -> int:
         chance = float((cnt * (cnt - 1)).sum() / (n * (n - 1)))
         header.append(f"labels: {len(cnt)} classes; FN rate of random pairs (uniform "
                       f"expectation): {chance:.3f}")
-    if gap_context is not None:
+    if gap is not None:
         header.append(f"loss gap: mean over drawn items of global minus in-batch NT-Xent loss "
                       f"(t = {args.temperature:g}); global loss = {rows[0]['global_loss']:.3f}")
     report = "\n".join(header) + "\n\n" + table + "\n"

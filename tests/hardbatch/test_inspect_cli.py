@@ -12,6 +12,7 @@ import torch
 
 from hardbatch import inspect_cli
 from hardbatch.metrics import batch_false_negative_rate
+from hardbatch.registry import parse_names
 
 
 def run_cli(*args, cwd=None):
@@ -187,7 +188,10 @@ def test_help(capsys):
 
 def test_argument_errors(capsys):
     res = run_main(capsys, "x.npy", "--sampler", "random")
-    assert res.returncode == 2 and "unknown sampler random" in res.stderr
+    with pytest.raises(ValueError) as registry_error:
+        parse_names("random", "sampler")
+    assert res.returncode == 2 and str(registry_error.value) in res.stderr
+    assert "unknown sampler 'random'" in res.stderr and "Traceback" not in res.stderr
     res = run_main(capsys, "x.npy", "--batch-size", "0")
     assert res.returncode == 2 and "positive integer" in res.stderr
     res = run_main(capsys, "x.npy", "--quantile", "1.5")
@@ -204,7 +208,7 @@ def test_add_inspect_parser_registers_subcommand(digits_files, tmp_path, capsys)
     inspect_cli.add_inspect_parser(sub)
     args = parser.parse_args(["inspect", str(root / "x.npy"), "--sampler", "uniform",
                               "--batches", "2", "--batch-size", "64", "--out", str(tmp_path)])
-    assert args.func is inspect_cli.run_inspect and args.sampler == ["uniform"]
+    assert args.func is inspect_cli.run_inspect and args.sampler == "uniform"
     assert args.func(args) == 0
     assert "| uniform | 2 | 64 |" in capsys.readouterr().out
     bad = parser.parse_args(["inspect", str(tmp_path / "missing.npy")])

@@ -11,6 +11,7 @@ import torch
 
 import hardbatch as hb
 from hardbatch import metrics as M
+from hardbatch.metrics import global_loss
 
 # ---------------------------------------------------------------------------------------------
 # plain-Python references (no vectorisation, no torch)
@@ -255,8 +256,8 @@ def test_loss_gap_matches_dense_reference(t, block_size):
 @pytest.mark.parametrize("with_positives", [False, True])
 def test_loss_gap_many_tiles_match_dense_reference(monkeypatch, t, with_positives):
     """Tiny tiles: many row blocks and column chunks, ragged last ones, in every code path."""
-    monkeypatch.setattr(M, "_TILE_ELEMENTS", 60)
-    monkeypatch.setattr(M, "_MIN_COLS", 3)
+    monkeypatch.setattr(global_loss, "_TILE_ELEMENTS", 60)
+    monkeypatch.setattr(global_loss, "_MIN_COLS", 3)
     rng = np.random.default_rng(8)
     x = rng.standard_normal((53, 5)).astype(np.float32)
     y = (x + 0.5 * rng.standard_normal((53, 5))).astype(np.float32) if with_positives else None
@@ -279,6 +280,20 @@ def test_loss_gap_with_positive_views_matches_reference():
         assert got[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-5), key
     # a full partition: gap is exactly global - batch
     assert got["gap"] == pytest.approx(got["global_loss"] - got["batch_loss"], abs=1e-9)
+
+
+def test_loss_gap_object_scores_several_plans_against_one_global_term():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((40, 8)).astype(np.float32)
+    plans = [np.array_split(rng.permutation(40), 5), [rng.permutation(40)[:12]]]
+    gap = M.LossGap(x, temperature=0.3, block_size=7)
+    assert gap.global_losses.shape == (40,) and gap.global_losses.dtype == torch.float64
+    for plan in plans:
+        assert gap(plan) == M.loss_gap(x, plan, temperature=0.3, block_size=7)
+    with pytest.raises(ValueError, match="outside"):
+        gap([[0, 40]])
+    with pytest.raises(ValueError, match="block_size"):
+        M.LossGap(x, block_size=0)
 
 
 def test_loss_gap_is_nonnegative_and_zero_for_one_full_batch():

@@ -1,9 +1,7 @@
-"""hardbatch.train (Trainer, evaluation helpers), hardbatch.datasets and the demo's building blocks."""
+"""hardbatch.train: the Trainer (steps, resume, data paths) and the evaluation helpers."""
 
-import gzip
 import json
 import math
-import struct
 
 import numpy as np
 import pytest
@@ -11,11 +9,10 @@ import torch
 from torch import nn
 
 import hardbatch as hb
-from hardbatch.datasets import DataNotFoundError, data_root, load_digits, load_mnist
-from hardbatch.demo import digits_augment, digits_encoder, make_loss
 from hardbatch.losses import InfoNCE
 from hardbatch.metrics import batch_false_negative_rate
 from hardbatch.train import TrainConfig, Trainer, knn_accuracy, linear_probe_accuracy, train
+from hardbatch_experiments.datasets import load_digits
 
 
 @pytest.fixture(scope="module")
@@ -24,13 +21,7 @@ def digits():
     return x[:160], y[:160]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: extra intra-op threads only add overhead (and collapse on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def noise_augment(x, generator=None):
@@ -50,6 +41,10 @@ SAMPLERS = {
     "knn": lambda bank: hb.KNNBatchSampler(bank, 32, refresh_every=4, seed=1),
     "gcbs": lambda bank: hb.GCBSSampler(bank, 32, quantile=0.99, seed=1),
 }
+
+
+def sscl(seed):
+    return hb.SSCLLoss(0.5, tau_plus=0.1, beta=1.0, generator=torch.Generator().manual_seed(seed))
 
 
 def make_trainer(x, y, sampler="proximity", seed=0, loss=None, **config):
@@ -182,16 +177,16 @@ def test_resume_equals_uninterrupted(digits, tmp_path, sampler, stop):
     """
     x, y = digits
     cfg = {"eval_every": 6}  # 5 steps per epoch, 15 in all: stops mid-epoch and at an epoch end
-    full = make_trainer(x, y, sampler, loss=make_loss("sscl", 0.5, 0), **cfg)
+    full = make_trainer(x, y, sampler, loss=sscl(0), **cfg)
     full_result = full.fit()
 
     ck, log = tmp_path / "ck.pt", tmp_path / "log.jsonl"
-    first = make_trainer(x, y, sampler, loss=make_loss("sscl", 0.5, 0), max_steps=stop,
+    first = make_trainer(x, y, sampler, loss=sscl(0), max_steps=stop,
                          checkpoint_path=str(ck), log_path=str(log), **cfg)
     partial = first.fit()
     assert partial.steps == stop and partial.stopped_early and ck.is_file()
     # a fresh process would rebuild everything; a different init proves the weights are loaded
-    resumed = make_trainer(x, y, sampler, seed=99, loss=make_loss("sscl", 0.5, 7),
+    resumed = make_trainer(x, y, sampler, seed=99, loss=sscl(7),
                            checkpoint_path=str(ck), log_path=str(log), **cfg)
     assert resumed.global_step == 0
     result = resumed.fit()
@@ -300,95 +295,3 @@ def test_knn_weighted_vote_small_case():
     # k=3 with a flat temperature: classes 1 gets two votes
     assert knn_accuracy(train_f, train_y, torch.tensor([[1.0, 0.0]]), torch.tensor([1]), k=3,
                         temperature=100.0) == 1.0
-
-
-# --------------------------------------------------------------------------- demo parts
-
-
-def test_digits_augment_is_batched_and_deterministic():
-    x, _ = load_digits()
-    a = digits_augment(x[:50], torch.Generator().manual_seed(1))
-    b = digits_augment(x[:50], torch.Generator().manual_seed(1))
-    c = digits_augment(x[:50], torch.Generator().manual_seed(2))
-    assert a.shape == (50, 64) and a.dtype == torch.float32
-    assert torch.equal(a, b) and not torch.equal(a, c)
-    assert a.min() >= 0 and a.max() <= 1
-    # a view stays closer to its own digit than to the others
-    sims = nn.functional.normalize(a, dim=1) @ nn.functional.normalize(x[:50], dim=1).T
-    assert sims.diag().mean() > sims.mean() + 0.03
-    # with every perturbation switched off the view is the image itself
-    same = digits_augment(x[:50], torch.Generator().manual_seed(1), max_rotation=0.0,
-                          scale=(1.0, 1.0), max_shift=0.0, noise=0.0, dropout=0.0)
-    torch.testing.assert_close(same, x[:50], atol=1e-5, rtol=0)
-
-
-def test_digits_encoder_shapes():
-    encoder, head = digits_encoder()
-    f = encoder(torch.rand(5, 64))
-    assert f.shape == (5, 128) and head(f).shape == (5, 64)
-
-
-# --------------------------------------------------------------------------- datasets
-
-
-def test_load_digits():
-    x, y = load_digits()
-    assert x.shape == (1797, 64) and x.dtype == torch.float32
-    assert float(x.min()) == 0.0 and float(x.max()) == 1.0
-    assert y.dtype == torch.int64 and sorted(y.unique().tolist()) == list(range(10))
-
-
-def _write_idx(path, array, compress):
-    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(
-        f">{array.ndim}I", *array.shape)
-    payload = header + array.astype(np.uint8).tobytes()
-    if compress:
-        with gzip.open(path, "wb") as fh:
-            fh.write(payload)
-    else:
-        path.write_bytes(payload)
-
-
-@pytest.mark.parametrize("compress,layout", [(True, "images/mnist"), (False, "."),
-                                             (True, "MNIST/raw")])
-def test_load_mnist_layouts(tmp_path, monkeypatch, compress, layout):
-    folder = tmp_path / layout
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (5, 28, 28))
-    labels = np.array([3, 1, 4, 1, 5])
-    suffix = ".gz" if compress else ""
-    _write_idx(folder / f"t10k-images-idx3-ubyte{suffix}", images, compress)
-    _write_idx(folder / f"t10k-labels-idx1-ubyte{suffix}", labels, compress)
-    x, y = load_mnist(tmp_path, split="test")
-    assert x.dtype == torch.uint8 and x.shape == (5, 28, 28)
-    np.testing.assert_array_equal(x.numpy(), images)
-    assert y.dtype == torch.int64 and y.tolist() == labels.tolist()
-    monkeypatch.setenv("HARDBATCH_DATA", str(tmp_path))
-    assert torch.equal(load_mnist(split="test")[1], y)
-
-
-def test_missing_data_errors_name_the_env_var(tmp_path, monkeypatch):
-    with pytest.raises(DataNotFoundError, match="HARDBATCH_DATA"):
-        load_mnist(tmp_path, split="train")
-    monkeypatch.setenv("HARDBATCH_DATA", str(tmp_path / "nope"))
-    with pytest.raises(DataNotFoundError, match="HARDBATCH_DATA"):
-        data_root()
-    with pytest.raises(ValueError, match="split"):
-        load_mnist(tmp_path, split="validation")
-    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"not an idx file")
-    (tmp_path / "train-labels-idx1-ubyte").write_bytes(b"not an idx file")
-    with pytest.raises(ValueError, match="IDX"):
-        load_mnist(tmp_path)
-
-
-def test_data_root_resolution(tmp_path, monkeypatch):
-    assert data_root(tmp_path) == tmp_path
-    monkeypatch.setenv("HARDBATCH_DATA", str(tmp_path))
-    assert data_root() == tmp_path
-
-
-def test_load_real_mnist(data_root):
-    x, y = load_mnist(data_root, split="test")
-    assert x.shape == (10000, 28, 28) and x.dtype == torch.uint8
-    assert torch.bincount(y).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]

@@ -14,9 +14,9 @@ pytest.importorskip("torch_geometric")
 pytest.importorskip("sklearn")
 pytest.importorskip("pandas")
 
-from hardbatch.recipes import graphcl
-from hardbatch.recipes.graphcl import AUGS, augment
-from hardbatch.recipes.tu import load_tu
+from hardbatch_experiments.recipes import graphcl
+from hardbatch_experiments.recipes.graphcl import AUGS, augment
+from hardbatch_experiments.tu import load_tu
 
 
 @pytest.fixture(scope="module")
@@ -331,10 +331,10 @@ def test_tag_hashes_other_options():
     p = graphcl.build_parser()
     hyper = graphcl.hyper_for("MUTAG")
     base = p.parse_args(["--dataset", "MUTAG"])
-    assert graphcl._tag(base, hyper) == ""  # the paper's configuration: no tag
+    assert graphcl.run_tag(base, hyper) == ""  # the paper's configuration: no tag
     same = p.parse_args(["--dataset", "MUTAG", "--candidates", "100", "--temperature", "0.2"])
-    assert graphcl._tag(same, hyper) == ""  # explicit paper values are the paper's config
-    tags = {graphcl._tag(p.parse_args(["--dataset", "MUTAG"] + extra), hyper)
+    assert graphcl.run_tag(same, hyper) == ""  # explicit paper values are the paper's config
+    tags = {graphcl.run_tag(p.parse_args(["--dataset", "MUTAG"] + extra), hyper)
             for extra in (["--temperature", "0.5"], ["--tau-plus", "0.3"],
                           ["--candidates", "150"], ["--neighbors", "20"], ["--lr", "0.001"])}
     assert len(tags) == 5 and all(t.startswith("h") and len(t) == 7 for t in tags)

@@ -1,20 +1,14 @@
-"""The results-page generators (scripts/report_*.py): the aggregation rules they state."""
+"""The results-page generators (hardbatch_experiments.reports): the aggregation rules they
+state."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import json
+import statistics
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from hardbatch_experiments.reports import text, text_runs, vision
 
 
 def _vision_run(sampler, loss, seed, knn, **extra):
@@ -28,22 +22,36 @@ def _vision_run(sampler, loss, seed, knn, **extra):
 
 
 def test_vision_partial_row_is_compared_with_the_same_seeds():
-    rv = _load("report_vision")
     runs = [_vision_run("uniform", "infonce", s, a) for s, a in ((0, 0.50), (1, 0.60), (2, 0.70))]
-    runs.append(_vision_run("uniform", "debiased", 0, 0.55))
+    runs.append(_vision_run("uniform", "dcl", 0, 0.55))
     runs += [_vision_run("proximity", "infonce", s, a) for s, a in ((0, 0.52), (1, 0.62),
                                                                      (2, 0.72))]
-    rows = rv.table(runs, [("uniform", "debiased"), ("proximity", "infonce")])
+    rows = vision.table(runs, [("uniform", "dcl"), ("proximity", "infonce")])
     partial, full = rows[2].split(" | "), rows[3].split(" | ")
     assert partial[4] == "+5.00 (1 seed) vs same seeds"  # 0.55 - seed 0's 0.50, not the mean 0.60
     assert full[4].startswith("+2.00 ± ") and "same seeds" not in full[4]
 
 
 def test_vision_wall_time_of_a_resumed_run():
-    rv = _load("report_vision")
-    assert rv._wall({"wall_time_s": 10.0}) == 10.0
-    assert rv._wall({"wall_time_s": 10.0, "resumed": True, "train_time_s": 30.0,
-                     "eval_time_s": 5.0}) == 35.0
+    assert vision.wall_seconds({"wall_time_s": 10.0}) == 10.0
+    assert vision.wall_seconds({"wall_time_s": 10.0, "resumed": True, "train_time_s": 30.0,
+                                "eval_time_s": 5.0}) == 35.0
+
+
+def test_vision_old_and_new_loss_names_are_one_row(tmp_path):
+    """Finished runs carry ``debiased`` / ``hard_negative``, new ones ``dcl`` / ``hcl``."""
+    recs = [_vision_run("uniform", loss, seed, knn) for loss, seed, knn in (
+        ("infonce", 0, 0.50), ("infonce", 1, 0.60), ("debiased", 0, 0.55), ("dcl", 1, 0.65),
+        ("hard_negative", 0, 0.56), ("hcl", 1, 0.66))]
+    for i, r in enumerate(recs):
+        (tmp_path / f"run{i}.json").write_text(json.dumps(r))
+    runs = vision.load(tmp_path)
+    assert sorted({r["loss"] for r in runs}) == ["dcl", "hcl", "infonce"]
+    rows = vision.table(runs, [("uniform", "dcl"), ("uniform", "hcl")])
+    dcl, hcl = rows[2].split(" | "), rows[3].split(" | ")
+    assert dcl[:3] == ["| uniform", "DebiasedInfoNCE", "2/3"]  # seed 0 (debiased) + seed 1 (dcl)
+    assert dcl[4].startswith("+5.00 ± 7.07")  # mean of 0.55 and 0.65 vs the baseline's 0.55
+    assert hcl[:3] == ["| uniform", "HardNegativeInfoNCE", "2/3"]
 
 
 @pytest.mark.parametrize("tag, base", [
@@ -54,17 +62,14 @@ def test_vision_wall_time_of_a_resumed_run():
     (None, ""),
 ])
 def test_text_tag_base(tag, base):
-    assert _load("report_text").r_base(tag) == base
+    assert text_runs.r_base(tag) == base
 
 
 def test_text_paper_deltas_are_computed_from_the_table():
-    rt = _load("report_text")
-    import statistics
-
-    names = [row[0] for row in rt.PAPER]
+    names = [row[0] for row in text.PAPER]
     assert "supervised" in names[3] and "GCBS" in names[4]
-    d6 = statistics.mean(rt.PAPER[4][1]) - statistics.mean(rt.PAPER[3][1])
-    assert round(d6, 2) == 0.78 and round(rt.PAPER[4][3] - rt.PAPER[3][3], 2) == 0.62
+    d6 = statistics.mean(text.PAPER[4][1]) - statistics.mean(text.PAPER[3][1])
+    assert round(d6, 2) == 0.78 and round(text.PAPER[4][3] - text.PAPER[3][3], 2) == 0.62
 
 
 def _text_run(sampler, loss, seed, avg, temperature=0.05, neighbors=500, train_loss=1e-4):
@@ -88,10 +93,7 @@ def _text_run(sampler, loss, seed, avg, temperature=0.05, neighbors=500, train_l
             "command": "c"}
 
 
-def test_text_rows_per_loss_setting_and_same_loss_deltas(tmp_path, monkeypatch):
-    import json
-    import sys
-
+def test_text_rows_per_loss_setting_and_same_loss_deltas(tmp_path):
     runs = [_text_run("default", "mnrl", s, 80.0 + s) for s in (0, 1)]
     runs += [_text_run("proximity", "infonce", s, 80.5 + s) for s in (0, 1)]
     runs += [_text_run("default", "dcl", 0, 79.0, temperature=0.5),
@@ -103,9 +105,8 @@ def test_text_rows_per_loss_setting_and_same_loss_deltas(tmp_path, monkeypatch):
     for i, r in enumerate(runs):
         (tmp_path / f"run{i}.json").write_text(json.dumps(r))
     out = tmp_path / "text.md"
-    monkeypatch.setattr(sys, "argv", ["report_text", "--results", str(tmp_path), "--out",
-                                      str(out), "--figure", str(tmp_path / "f.png")])
-    _load("report_text").main()
+    assert text.main(["--results", str(tmp_path), "--out", str(out), "--figure",
+                      str(tmp_path / "f.png")]) == 0
     page = out.read_text()
     results = page.split("## Results")[1].split("Published numbers")[0]
     rows = [ln for ln in results.splitlines() if ln.startswith("| proximity graph")]

@@ -1,6 +1,6 @@
-"""Text: STS loaders / evaluator (hardbatch.text_eval), ``hardbatch eval sts``, the
+"""Text: STS loaders / evaluator (hardbatch_experiments.sts), ``hardbatch eval sts``, the
 sentence-transformers sampler extensions (uniform, default, precomputed embeddings, no refresh)
-and a short ``hardbatch bench simcse`` run (hardbatch.recipes.simcse)."""
+and a short ``hardbatch bench simcse`` run (hardbatch_experiments.recipes.simcse)."""
 
 import json
 import os
@@ -10,18 +10,13 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from hardbatch.text_eval import evaluate_sts, load_sts, spearman_all
+from hardbatch_experiments.sts import evaluate_sts, load_sts, spearman_all
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download in tests
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _write(path, lines):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from hardbatch import vision as V
-from hardbatch.datasets import CIFAR10_CLASSES, DataNotFoundError, load_cifar10
+from hardbatch_experiments import vision as V
+from hardbatch_experiments.datasets import CIFAR10_CLASSES, DataNotFoundError, load_cifar10
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -226,7 +226,7 @@ def test_bench_simclr_bad_input(data_root, tmp_path, capsys):
     base = ["bench", "simclr", "--dataset", "mnist", "--data-dir", str(data_root), "--out",
             str(tmp_path)]
     assert main(base + ["--sampler", "bogus"]) == 2
-    assert "--sampler" in capsys.readouterr().err
+    assert "unknown sampler 'bogus'" in capsys.readouterr().err
     assert main(base + ["--neighbors", "600"]) == 2
     assert "--neighbors" in capsys.readouterr().err
     assert main(base + ["--train-size", "100", "--batch-size", "256", "--sampler",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from hardbatch.losses import DebiasedInfoNCE, HardNegativeInfoNCE, InfoNCE, SSCLLoss
+from ..registry import canonical_loss, make_loss
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
@@ -26,13 +26,6 @@ __all__ = [
     "TextEmbeddingSource",
     "hard_negative_batch_sampler",
 ]
-
-_LOSSES: dict[str, type[nn.Module]] = {
-    "infonce": InfoNCE,
-    "debiased": DebiasedInfoNCE,
-    "hard_negative": HardNegativeInfoNCE,
-    "sscl": SSCLLoss,
-}
 
 
 class SentenceTransformerLoss(nn.Module):
@@ -46,7 +39,8 @@ class SentenceTransformerLoss(nn.Module):
 
     Args:
         model: the ``SentenceTransformer`` being trained (called as ``model(features)``).
-        loss: ``"infonce"``, ``"debiased"``, ``"hard_negative"``, ``"sscl"`` or a hardbatch loss
+        loss: a loss name of :mod:`hardbatch.registry` (``"infonce"``, ``"dcl"``, ``"hcl"``,
+            ``"sscl"``; ``"debiased"`` / ``"hard_negative"`` are aliases) or a hardbatch loss
             module (``InfoNCE`` ...), used as is.
         scale: inverse temperature, ``scale = 1 / temperature`` as in MNRL. Default 20.0
             (temperature 0.05) for a named loss; for a module, its own temperature is used and
@@ -92,16 +86,15 @@ class SentenceTransformerLoss(nn.Module):
             self.loss_kwargs: dict[str, Any] = {}
             self.scale = None if temperature is None else 1.0 / temperature
             self.loss = loss
-        elif isinstance(loss, str) and loss in _LOSSES:
-            self.loss_name = loss
+        else:
+            try:
+                self.loss_name = canonical_loss(loss)
+            except ValueError as exc:
+                raise ValueError(f"{exc}; or pass a hardbatch loss module") from None
             self.loss_kwargs = {"form": "simcse", **loss_kwargs}
             self.scale = 20.0 if scale is None else float(scale)
-            self.loss = _LOSSES[loss](temperature=1.0 / self.scale, **self.loss_kwargs)
-        else:
-            raise ValueError(
-                f"unknown loss {loss!r}; use one of {', '.join(map(repr, _LOSSES))} "
-                f"or a hardbatch loss module"
-            )
+            self.loss = make_loss(self.loss_name, temperature=1.0 / self.scale,
+                                  **self.loss_kwargs)
         self.model = model
         self.labels_as_classes = labels_as_classes
 

@@ -39,16 +39,30 @@ from torch.utils.data import Sampler
 
 from .. import distributed as hbdist
 from .._device import shard_range
-from ..samplers import GCBSSampler, KNNBatchSampler, ProximityGraphSampler, UniformBatchSampler
+from ..registry import canonical_sampler, make_sampler
 
 __all__ = [
+    "DEFAULT_SAMPLER",
     "HardNegativeBatchSampler",
     "HardNegativeBatchSamplerFactory",
     "TextEmbeddingSource",
     "hard_negative_batch_sampler",
+    "sampler_name",
 ]
 
-_SAMPLERS = ("proximity", "knn", "gcbs", "uniform", "default")
+#: sentence-transformers' own ``NoDuplicatesBatchSampler``, accepted besides the registry's names.
+DEFAULT_SAMPLER = "default"
+
+
+def sampler_name(name: str) -> str:
+    """``name`` as a registry sampler name, or ``"default"``; ``ValueError`` listing both."""
+    if name == DEFAULT_SAMPLER:
+        return name
+    try:
+        return canonical_sampler(name)
+    except ValueError as exc:
+        raise ValueError(f"sampler={name!r}: {exc}, or {DEFAULT_SAMPLER!r} "
+                         "(sentence-transformers' NoDuplicatesBatchSampler)") from None
 
 
 class TextEmbeddingSource:
@@ -211,8 +225,7 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
         show_progress_bar: bool = False,
         **sampler_kwargs: Any,
     ) -> None:
-        if sampler not in _SAMPLERS:
-            raise ValueError(f"sampler={sampler!r} must be one of {', '.join(_SAMPLERS)}")
+        sampler = sampler_name(sampler)
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
@@ -227,44 +240,29 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
             model, texts, encode_batch_size, show_progress_bar, initial=embeddings
         )
         common = {"drop_last": self.drop_last, "seed": self.seed, "rank": 0, "world_size": 1}
-        if sampler in ("uniform", "default"):
+        if sampler in ("uniform", DEFAULT_SAMPLER):
             if sampler_kwargs:
                 raise ValueError(
                     f"options {sorted(sampler_kwargs)} do not apply to sampler={sampler!r}"
                 )
             if sampler == "uniform":
-                self.hard_sampler = UniformBatchSampler(n, self.batch_size, **common)
+                self.hard_sampler = make_sampler("uniform", n, self.batch_size, **common)
             else:
                 self.hard_sampler = _no_duplicates_sampler(
                     dataset, self.batch_size, self.drop_last, valid_label_columns, generator,
                     self.seed,
                 )
             return
-        # refresh_every=None: read the source once, as a fixed [N, d] table
-        source = self.source() if refresh_every is None else self.source
+        options = {**common, **sampler_kwargs}
         if sampler == "proximity":
             m = candidates if candidates is not None else max(2, min(1000, n // 2))
             k = neighbors if neighbors is not None else max(1, min(500, m // 2))
-            self.hard_sampler = ProximityGraphSampler(
-                source,
-                self.batch_size,
-                candidates=m,
-                neighbors=k,
-                restart=restart,
-                refresh_every=refresh_every,
-                **common,
-                **sampler_kwargs,
-            )
-        elif sampler == "knn":
-            self.hard_sampler = KNNBatchSampler(
-                source,
-                self.batch_size,
-                refresh_every=refresh_every,
-                **common,
-                **sampler_kwargs,
-            )
-        else:
-            self.hard_sampler = GCBSSampler(source, self.batch_size, **common, **sampler_kwargs)
+            options.update(candidates=m, neighbors=k, restart=restart)
+        if sampler in ("proximity", "knn"):
+            options["refresh_every"] = refresh_every
+        # refresh_every=None: read the source once, as a fixed [N, d] table
+        source = self.source() if refresh_every is None else self.source
+        self.hard_sampler = make_sampler(sampler, source, self.batch_size, **options)
 
     def __iter__(self):
         yield from self.hard_sampler
@@ -327,8 +325,7 @@ def hard_negative_batch_sampler(
         built so far (the last one is the training sampler once training started). ``make`` is
         a picklable :class:`HardNegativeBatchSamplerFactory`, so checkpoints can be saved.
     """
-    if sampler not in _SAMPLERS:
-        raise ValueError(f"sampler={sampler!r} must be one of {', '.join(_SAMPLERS)}")
+    sampler = sampler_name(sampler)
     if not hasattr(model, "encode"):
         raise ValueError("model must be the SentenceTransformer being trained (with encode())")
     return HardNegativeBatchSamplerFactory(

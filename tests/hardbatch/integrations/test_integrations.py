@@ -14,12 +14,7 @@ from hardbatch.losses import InfoNCE
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download in tests
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --------------------------------------------------------------------------- Lightning
@@ -226,8 +221,13 @@ def test_hard_negative_batch_sampler_without_sentence_transformers():
     # another dataset (an evaluation set) gets plain sequential batches
     other = make(_Columns(anchor=texts[:25]), batch_size=10, drop_last=False)
     assert list(other) == [list(range(10)), list(range(10, 20)), list(range(20, 25))]
-    with pytest.raises(ValueError, match="sampler="):
+    with pytest.raises(ValueError, match="sampler=") as exc:
         hard_negative_batch_sampler(model, "bfs")
+    with pytest.raises(ValueError) as registry_error:
+        hb.registry.canonical_sampler("bfs")
+    assert str(registry_error.value) in str(exc.value) and "'default'" in str(exc.value)
+    with pytest.raises(ValueError, match="unknown option.*'quantile'.*'knn'"):
+        hard_negative_batch_sampler(model, "knn", quantile=0.9)(dataset, 10)
     with pytest.raises(ValueError, match="no column"):
         HardNegativeBatchSampler(dataset, 10, model=model, text_column="query")
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hardbatch import registry
 from hardbatch.integrations.sentence_transformers import SentenceTransformerLoss
 from hardbatch.losses import DebiasedInfoNCE, HardNegativeInfoNCE, InfoNCE, SSCLLoss
 
@@ -153,6 +154,25 @@ def test_adapter_options_and_errors():
         SentenceTransformerLoss(torch.nn.Identity(), module, tau_plus=0.1)
     with pytest.raises(ValueError, match="at least 2"):
         SentenceTransformerLoss(torch.nn.Identity()).compute_loss_from_embeddings(e[:1], None)
+
+
+def test_adapter_takes_the_registry_names():
+    """Canonical names and aliases build the same loss; bad names and options get the
+    registry's errors."""
+    canonical = SentenceTransformerLoss(torch.nn.Identity(), "hcl", scale=10.0, tau_plus=0.2)
+    alias = SentenceTransformerLoss(torch.nn.Identity(), "hard_negative", scale=10.0, tau_plus=0.2)
+    assert canonical.loss_name == alias.loss_name == "hcl"
+    assert type(alias.loss) is HardNegativeInfoNCE and alias.get_config_dict()["loss"] == "hcl"
+    e = [torch.randn(6, 4, generator=torch.Generator().manual_seed(1)) for _ in range(2)]
+    assert torch.equal(canonical.compute_loss_from_embeddings(e, None),
+                       alias.compute_loss_from_embeddings(e, None))
+    with pytest.raises(ValueError) as exc:
+        SentenceTransformerLoss(torch.nn.Identity(), "triplet")
+    with pytest.raises(ValueError) as registry_error:
+        registry.canonical_loss("triplet")
+    assert str(registry_error.value) in str(exc.value) and "loss module" in str(exc.value)
+    with pytest.raises(ValueError, match="unknown option.*'tau_plus'.*'infonce'"):
+        SentenceTransformerLoss(torch.nn.Identity(), "infonce", tau_plus=0.1)
 
 
 @pytest.fixture(scope="module")

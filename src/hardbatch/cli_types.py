@@ -1,0 +1,74 @@
+"""``argparse`` value types shared by every ``hardbatch`` command (built-in and plugins).
+
+Each takes the option's text and returns the value, or raises ``argparse.ArgumentTypeError``
+with a message saying what was expected (argparse then exits with code 2)::
+
+    parser.add_argument("--epochs", type=positive_int)
+    parser.add_argument("--restart", type=probability)          # [0, 1]
+    parser.add_argument("--quantile", type=open_probability)    # (0, 1)
+
+Sampler and loss names are plain strings on the parser and are parsed by the command with
+:func:`hardbatch.registry.parse_names` (one error listing the valid names).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+__all__ = ["nonnegative_int", "open_probability", "positive_float", "positive_int",
+           "probability"]
+
+
+def _integer_at_least(text: str, low: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    return _integer_at_least(text, 1, "a positive integer")
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0."""
+    return _integer_at_least(text, 0, "an integer >= 0")
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _unit_interval(text: str, open_ends: bool) -> float:
+    interval = "(0, 1)" if open_ends else "[0, 1]"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}"
+                                         ) from None
+    inside = 0.0 < value < 1.0 if open_ends else 0.0 <= value <= 1.0
+    if not inside:  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}")
+    return value
+
+
+def probability(text: str) -> float:
+    """A number in ``[0, 1]`` (e.g. a restart probability)."""
+    return _unit_interval(text, open_ends=False)
+
+
+def open_probability(text: str) -> float:
+    """A number in ``(0, 1)`` (e.g. a similarity quantile)."""
+    return _unit_interval(text, open_ends=True)

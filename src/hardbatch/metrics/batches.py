@@ -1,0 +1,294 @@
+"""Per-batch and per-plan diagnostics: hardness, false negatives, duplicates, coverage.
+
+See :mod:`hardbatch.metrics` for the conventions (cosine similarity over L2-normalised rows,
+pairs over batch positions, what a batch and a plan may be).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._inputs import (
+    ArrayLike,
+    BatchLike,
+    as_batch,
+    as_batches,
+    check_num_items,
+    embedding_table,
+    labels_array,
+    unit_rows,
+)
+
+__all__ = ["batch_duplicate_rate", "batch_false_negative_rate", "batch_hardness", "batch_stats",
+           "coverage", "draw_counts", "negative_similarities", "plan_stats",
+           "similarity_histogram"]
+
+
+def _pairwise(embeddings, batch) -> tuple[Tensor, np.ndarray]:
+    table, n, _ = embedding_table(embeddings)
+    ids = as_batch(batch, n)
+    x = unit_rows(table, ids)
+    return (x @ x.T).clamp_(-1.0, 1.0), ids
+
+
+def _upper_pairs(sims: Tensor) -> Tensor:
+    b = sims.shape[0]
+    iu = torch.triu_indices(b, b, offset=1)
+    return sims[iu[0], iu[1]]
+
+
+def _hardness_of(sims: Tensor) -> float:
+    b = sims.shape[0]
+    if b < 2:
+        return math.nan
+    masked = sims.clone()
+    masked.fill_diagonal_(-math.inf)
+    return float(masked.max(dim=1).values.mean())
+
+
+def _fn_rate_of(batch_labels: np.ndarray) -> float:
+    b = batch_labels.shape[0]
+    if b < 2:
+        return math.nan
+    _, counts = np.unique(batch_labels, return_counts=True)
+    counts = counts.astype(np.float64)
+    return float((counts * (counts - 1)).sum() / (b * (b - 1)))
+
+
+def _duplicate_rate_of(ids: np.ndarray) -> float:
+    return float(1.0 - np.unique(ids).size / ids.size)
+
+
+def _check_range(range_, bins) -> tuple[int, float, float]:
+    if isinstance(bins, bool) or not isinstance(bins, numbers.Integral) or int(bins) < 1:
+        raise ValueError(f"bins={bins!r} must be a positive integer (e.g. 50)")
+    try:
+        lo, hi = (float(v) for v in range_)
+    except Exception as exc:
+        raise ValueError(f"range={range_!r} must be a pair (low, high), e.g. (-1.0, 1.0)") from exc
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"range={range_!r} must be finite with low < high, e.g. (-1.0, 1.0)")
+    return int(bins), lo, hi
+
+
+def _histogram(values: Tensor, bins: int, lo: float, hi: float) -> tuple[Tensor, Tensor]:
+    edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float64)
+    if values.numel() == 0:
+        return torch.zeros(bins, dtype=torch.int64), edges
+    counts, _ = torch.histogram(values.to(torch.float64), bins=bins, range=(lo, hi))
+    return counts.round().to(torch.int64), edges
+
+
+# ---------------------------------------------------------------------------------------------
+# per batch
+# ---------------------------------------------------------------------------------------------
+def negative_similarities(embeddings: ArrayLike, batch: BatchLike) -> Tensor:
+    """Cosine similarities of all in-batch pairs ``(p, q)``, ``p < q`` (batch positions).
+
+    The values behind the cosine-similarity histograms of BatchSampler (KDD 2023), Fig. 4 left
+    and Fig. 5: with in-batch negatives every pair of a batch is a negative pair, so a harder
+    batch shifts the histogram to the right.
+
+    Args:
+        embeddings: ``[N, d]`` item embeddings (tensor on any device, or array); rows are
+            L2-normalised here, so any scale is fine.
+        batch: ``[B]`` item ids, rows of ``embeddings``.
+
+    Returns:
+        float64 tensor ``[B * (B - 1) / 2]`` in ``[-1, 1]``, pairs in row-major upper-triangle
+        order (empty when ``B = 1``).
+    """
+    sims, _ = _pairwise(embeddings, batch)
+    return _upper_pairs(sims)
+
+
+def similarity_histogram(embeddings: ArrayLike, batch: BatchLike, bins: int = 50,
+                         range: tuple[float, float] = (-1.0, 1.0)) -> tuple[Tensor, Tensor]:
+    """Histogram of :func:`negative_similarities` (BatchSampler, Fig. 4 left).
+
+    Args:
+        embeddings: ``[N, d]``; batch: ``[B]`` ids.
+        bins: number of equal-width bins.
+        range: ``(low, high)``; values outside are not counted, the last bin includes ``high``.
+
+    Returns:
+        ``(counts, edges)``: int64 ``[bins]`` pair counts and float64 ``[bins + 1]`` bin edges.
+        Histograms of several batches with the same ``bins``/``range`` add up.
+    """
+    bins, lo, hi = _check_range(range, bins)
+    return _histogram(negative_similarities(embeddings, batch), bins, lo, hi)
+
+
+def batch_hardness(embeddings: ArrayLike, batch: BatchLike) -> float:
+    """Mean over anchors of the top-1 negative cosine similarity.
+
+    ``mean_p max_{q != p} cos(x_{b_p}, x_{b_q})`` over batch positions: how close each item's
+    nearest in-batch negative is (1 = some negative coincides with the anchor). The right tail
+    of BatchSampler's Fig. 4 histograms, summarised per anchor.
+
+    Args:
+        embeddings: ``[N, d]``; batch: ``[B]`` ids.
+
+    Returns:
+        a float in ``[-1, 1]``; NaN when ``B = 1`` (no negative).
+    """
+    sims, _ = _pairwise(embeddings, batch)
+    return _hardness_of(sims)
+
+
+def batch_false_negative_rate(labels: ArrayLike, batch: BatchLike) -> float:
+    """Share of ordered in-batch pairs ``(p, q)``, ``p != q``, whose items share a label.
+
+    The "percentage of false negatives" of BatchSampler (KDD 2023), Fig. 4 right / Fig. 5:
+    with in-batch negatives these pairs are negatives of the same class. For ``C`` balanced
+    classes uniform batches give about ``1/C`` (``sum_c n_c (n_c - 1) / (N (N - 1))``
+    in expectation).
+
+    Args:
+        labels: ``[N]`` class labels (ints, strings, ...), indexed by item id.
+        batch: ``[B]`` ids.
+
+    Returns:
+        a float in ``[0, 1]``; NaN when ``B = 1``.
+    """
+    lab = labels_array(labels)
+    ids = as_batch(batch, lab.shape[0])
+    return _fn_rate_of(lab[ids])
+
+
+def batch_duplicate_rate(batch: BatchLike) -> float:
+    """Share of the batch's entries that repeat an earlier entry: ``1 - unique(B) / B``.
+
+    Args:
+        batch: ``[B]`` ids.
+
+    Returns:
+        a float in ``[0, 1)``; 0 for samplers that draw without replacement.
+    """
+    return _duplicate_rate_of(as_batch(batch, None))
+
+
+def batch_stats(embeddings: ArrayLike, batch: BatchLike,
+                labels: ArrayLike | None = None) -> dict[str, float]:
+    """All per-batch diagnostics at once (one similarity matrix).
+
+    Args:
+        embeddings: ``[N, d]``; batch: ``[B]`` ids; labels: optional ``[N]``.
+
+    Returns:
+        ``{"batch_size", "hardness", "mean_negative_similarity", "duplicate_rate"}`` plus
+        ``"false_negative_rate"`` when ``labels`` is given (see the single-metric functions;
+        NaN entries when ``B = 1``).
+    """
+    table, n, _ = embedding_table(embeddings)
+    ids = as_batch(batch, n)
+    lab = None
+    if labels is not None:
+        lab = labels_array(labels, n)
+    x = unit_rows(table, ids)
+    sims = (x @ x.T).clamp_(-1.0, 1.0)
+    pairs = _upper_pairs(sims)
+    out = {
+        "batch_size": int(ids.size),
+        "hardness": _hardness_of(sims),
+        "mean_negative_similarity": float(pairs.mean()) if pairs.numel() else math.nan,
+        "duplicate_rate": _duplicate_rate_of(ids),
+    }
+    if lab is not None:
+        out["false_negative_rate"] = _fn_rate_of(lab[ids])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# per epoch / plan
+# ---------------------------------------------------------------------------------------------
+def draw_counts(batches: Iterable[BatchLike], num_items: int) -> Tensor:
+    """How often each item was drawn in ``batches`` (repeats inside a batch count).
+
+    Args:
+        batches: iterable of ``[B_k]`` id batches (e.g. one epoch of a sampler).
+        num_items: N.
+
+    Returns:
+        int64 tensor ``[N]``.
+    """
+    n = check_num_items(num_items)
+    plan = as_batches(batches, n)
+    return torch.from_numpy(np.bincount(np.concatenate(plan), minlength=n).astype(np.int64))
+
+
+def coverage(batches: Iterable[BatchLike], num_items: int) -> float:
+    """Share of the ``num_items`` items drawn at least once in ``batches`` (1.0 for a full epoch
+    of a sampler that partitions the data)."""
+    counts = draw_counts(batches, num_items)
+    return float((counts > 0).double().mean())
+
+
+def plan_stats(embeddings: ArrayLike, batches: Iterable[BatchLike],
+               labels: ArrayLike | None = None, bins: int = 50,
+               range: tuple[float, float] = (-1.0, 1.0)) -> dict:
+    """:func:`batch_stats` pooled over a plan, plus coverage and a pooled histogram.
+
+    Every anchor, pair and entry of every batch counts once: ``hardness`` is the mean over all
+    anchors (with at least one negative) of all batches, ``false_negative_rate`` and
+    ``mean_negative_similarity`` pool all in-batch pairs, ``duplicate_rate`` all entries. For
+    equal-size batches these equal the means of the per-batch values; a short last batch (or a
+    single-item one, which has no pairs) weighs in proportion to its size. Uniform batches
+    then have exactly the chance false-negative rate ``sum_c n_c (n_c - 1) / (N (N - 1))`` in
+    expectation.
+
+    Args:
+        embeddings: ``[N, d]``; batches: iterable of id batches; labels: optional ``[N]``.
+        bins, range: of the pooled :func:`similarity_histogram` (all pairs of all batches).
+
+    Returns:
+        ``{"batches", "items_drawn", "coverage", "hardness", "mean_negative_similarity",
+        "duplicate_rate", ["false_negative_rate"], "histogram": (counts, edges)}``;
+        ``items_drawn`` counts entries (with repeats across batches), ``coverage`` is the share
+        of the N items drawn at least once.
+    """
+    table, n, _ = embedding_table(embeddings)
+    plan = as_batches(batches, n)
+    bins, lo, hi = _check_range(range, bins)
+    lab = None
+    if labels is not None:
+        lab = labels_array(labels, n)
+    counts = torch.zeros(bins, dtype=torch.int64)
+    top_sum = sim_sum = 0.0
+    anchors = pair_count = same_pairs = repeats = entries = 0
+    for ids in plan:
+        b = ids.size
+        entries += b
+        repeats += b - np.unique(ids).size
+        if b < 2:
+            continue
+        x = unit_rows(table, ids)
+        sims = (x @ x.T).clamp_(-1.0, 1.0)
+        pairs = _upper_pairs(sims)
+        top_sum += _hardness_of(sims) * b
+        anchors += b
+        counts += _histogram(pairs, bins, lo, hi)[0]
+        sim_sum += float(pairs.sum())
+        pair_count += pairs.numel()
+        if lab is not None:
+            _, c = np.unique(lab[ids], return_counts=True)
+            same_pairs += int((c * (c - 1) // 2).sum())
+    drawn = np.bincount(np.concatenate(plan), minlength=n)
+    out = {
+        "batches": len(plan),
+        "items_drawn": entries,
+        "coverage": float((drawn > 0).mean()),
+        "hardness": top_sum / anchors if anchors else math.nan,
+        "mean_negative_similarity": sim_sum / pair_count if pair_count else math.nan,
+        "duplicate_rate": repeats / entries,
+    }
+    if lab is not None:
+        out["false_negative_rate"] = same_pairs / pair_count if pair_count else math.nan
+    out["histogram"] = (counts, torch.linspace(lo, hi, bins + 1, dtype=torch.float64))
+    return out

@@ -1,0 +1,279 @@
+"""The sampler contract: a global per-epoch plan of batches, split across ranks, resumable.
+
+Every sampler of :mod:`hardbatch.samplers` is a :class:`PlanSampler`:
+
+* An epoch is ``ceil(N / B)`` batches (``floor`` with ``drop_last=True``),
+  the same number of steps as uniform sampling, so comparisons are
+  step-for-step fair. Uniform and GCBS partition the items (the last batch
+  may be short); walk samplers always return B distinct items and draw
+  their start nodes from items not yet seen this epoch (``coverage``).
+* ``set_epoch(epoch)`` selects the epoch (iteration also advances it by one
+  when an epoch completes); the same seed, epoch and rank give the same
+  batches on any machine (given the same embeddings).
+* ``state_dict()`` / ``load_state_dict()``: resuming mid-epoch yields exactly
+  the remaining batches. With a prefetching ``DataLoader`` pass
+  ``state_dict(consumed=steps_done_this_epoch)``. The state of any rank resumes
+  every rank (it holds the pending batches of all ranks).
+* Distributed: ``rank`` / ``world_size`` default to torch.distributed's when
+  it is initialised. All ranks compute the same global plan of
+  ``ceil(ceil(N/B) / W) * W`` batches (padded with extra batches, like
+  ``DistributedSampler``) and rank r takes batches r, r + W, r + 2W, ...
+* Bad input raises ``ValueError`` naming the parameter and the fix.
+
+This module holds the plan and its checkpoints only; the planner thread of ``prefetch`` is a
+composed :class:`~hardbatch.samplers.planner.Planner`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from .._validation import check_int
+from .planner import Planner, Step
+
+LOOKBACK = 1024  # steps kept so that state_dict(consumed=...) can rewind a prefetching loader
+
+
+def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """(rank, world_size) checked; None takes torch.distributed's (0 and 1 without it)."""
+    if rank is None or world_size is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+        else:
+            rank = 0 if rank is None else rank
+            world_size = 1 if world_size is None else world_size
+    world_size = check_int(world_size, "world_size", low=1)
+    rank = check_int(rank, "rank", low=0)
+    if rank >= world_size:
+        raise ValueError(f"rank={rank} must be smaller than world_size={world_size}")
+    return rank, world_size
+
+
+class PlanSampler(Sampler[list[int]]):
+    """Base: a global per-epoch plan of batches, generated in order, split across ranks.
+
+    Every rank generates all W batches of each of its steps (the plan is global), so
+    the batches planned or yielded but not yet trained on are kept as whole steps: a
+    checkpoint of any rank holds them for every rank.
+
+    Subclasses implement :meth:`_generate` (plan batch ``index`` of the epoch) and, where
+    they keep state across batches, :meth:`_begin_epoch`, :meth:`_generator_state` and
+    :meth:`_load_generator_state`; :meth:`_on_step` and :meth:`_plannable` tie them to the
+    loop's progress and to the planner thread (``prefetch`` > 0).
+    """
+
+    _settings = ("num_items", "batch_size", "world_size", "seed", "drop_last")
+
+    def __init__(self, num_items: int, batch_size: int, *, drop_last: bool, seed: int,
+                 rank: int | None, world_size: int | None, prefetch: int = 0) -> None:
+        self.num_items = num_items
+        self.batch_size = check_int(batch_size, "batch_size", low=1)
+        if self.batch_size > num_items:
+            raise ValueError(f"batch_size={batch_size} is larger than the number of items "
+                             f"N={num_items}; use batch_size <= N")
+        self.drop_last = bool(drop_last)
+        self.seed = check_int(seed, "seed")
+        self.rank, self.world_size = rank_and_world(rank, world_size)
+        if len(self) == 0:  # only with drop_last: fewer full batches than ranks
+            fix = (f"use batch_size <= N // world_size = {num_items // self.world_size} or "
+                   if num_items >= self.world_size else "")
+            raise ValueError(
+                f"drop_last=True leaves {self.batches_per_epoch} full batch(es) of batch_size="
+                f"{self.batch_size} for world_size={self.world_size} ranks, so every rank would "
+                f"get no batch; {fix}pass drop_last=False")
+        self.epoch = 0
+        self.sampler_seconds = 0.0  # time spent planning batches (graphs, walks)
+        self._pending: list[Step] = []  # steps to replay after load_state_dict
+        self._start_step = 0
+        self._recent: collections.deque[Step] = collections.deque(maxlen=LOOKBACK)  # yielded
+        self._replay: collections.deque[Step] = collections.deque()  # loaded, not replayed yet
+        self._yielded = 0
+        self._active = False
+        self._generation = 0  # counts iterations; an iterator older than the newest is stale
+        self.prefetch = check_int(prefetch, "prefetch", low=0)
+        self.planner = Planner(self.prefetch) if self.prefetch else None
+
+    # -- plan geometry -------------------------------------------------
+    @property
+    def batches_per_epoch(self) -> int:
+        """Global batches in one epoch: ceil(N/B), or floor with drop_last."""
+        if self.drop_last:
+            return self.num_items // self.batch_size
+        return -(-self.num_items // self.batch_size)
+
+    def __len__(self) -> int:
+        total = self.batches_per_epoch
+        if self.drop_last:
+            return total // self.world_size
+        return -(-total // self.world_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s plan on the next iteration (forgets a mid-epoch resume of another epoch)."""
+        epoch = check_int(epoch, "epoch", low=0)
+        if epoch != self.epoch:
+            self._pending, self._start_step = [], 0
+        self.epoch = epoch
+
+    # -- subclass hooks ------------------------------------------------
+    def _begin_epoch(self, fresh: bool) -> None:
+        """Prepare the epoch's plan; ``fresh`` is False when resuming from a loaded state."""
+
+    def _generate(self, index: int, global_step: int) -> np.ndarray:
+        """Global plan batch ``index`` of the current epoch (called for every index, in order)."""
+        raise NotImplementedError
+
+    def _generator_state(self, mid_epoch: bool) -> dict:
+        """What it takes to continue the plan exactly (the walk state, the current graph, ...)."""
+        return {}
+
+    def _load_generator_state(self, state: dict) -> None:
+        """Restore what :meth:`_generator_state` saved."""
+
+    def _on_step(self, global_step: int) -> None:
+        """Called in the training loop's thread just before batch ``global_step`` is handed out."""
+
+    def _plannable(self, global_step: int) -> bool:
+        """Whether the planner thread may generate ``global_step`` before the loop asks for it."""
+        return True
+
+    # -- iteration -----------------------------------------------------
+    def _plan_step(self, step: int) -> Step:
+        """All W global batches of local step ``step`` (plan batches step*W .. step*W + W - 1)."""
+        w, global_step = self.world_size, self.epoch * len(self) + step
+        return [self._generate(j, global_step) for j in range(step * w, step * w + w)]
+
+    def _rank_batch(self, plan: Step) -> list[int]:
+        """This rank's batch of a planned step."""
+        return plan[self.rank].tolist()
+
+    def _hand_out(self, global_step: int) -> None:
+        self._on_step(global_step)
+        if self.planner is not None:
+            self.planner.advance(global_step)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # A new iteration supersedes any earlier one: stop its planner before the plan moves.
+        if self.planner is not None:
+            self.planner.begin()
+        self._generation += 1
+        generation = self._generation
+        steps = len(self)
+        self._begin_epoch(fresh=not (self._pending or self._start_step > 0))
+        start = self._start_step
+        self._replay = collections.deque(self._pending)
+        self._pending, self._start_step = [], 0
+        self._recent.clear()
+        self._active = True
+        base = self.epoch * steps
+        step = start
+        replay = self._replay  # this iteration's (state_dict reads it)
+        while replay:
+            self._hand_out(base + step)
+            plan = replay.popleft()
+            self._recent.append(plan)
+            self._yielded = step + 1
+            yield self._rank_batch(plan)
+            step += 1
+        run = None
+        if self.planner is not None and step < steps:
+            run = self.planner.start(range(base + step, base + steps),
+                                     lambda g: self._plan_step(g - base), self._plannable)
+        try:
+            while step < steps:
+                t0 = time.perf_counter()
+                if run is not None and self._generation != generation:
+                    raise RuntimeError("this iterator was superseded by a newer iteration of the "
+                                       "sampler (e.g. a new DataLoader iterator), which stopped "
+                                       "its planner thread; iterate the newest one")
+                self._hand_out(base + step)
+                plan = self.planner.take(run) if run is not None else self._plan_step(step)
+                self.sampler_seconds += time.perf_counter() - t0
+                self._recent.append(plan)
+                self._yielded = step + 1
+                yield self._rank_batch(plan)
+                step += 1
+        finally:
+            if run is not None:
+                self.planner.stop(run)  # this iteration's planner only
+        self._active = False
+        self.epoch += 1
+
+    # -- checkpointing -------------------------------------------------
+    def state_dict(self, consumed: int | None = None) -> dict:
+        """Sampler state after ``consumed`` batches of the current epoch (default: all yielded).
+
+        ``consumed`` may lag the batches already yielded by up to 1024 (a
+        prefetching loader); those batches are replayed after loading. The
+        state holds them for every rank (as whole plan steps), so the state of
+        any one rank resumes every rank.
+        """
+        # With a planner thread: between two of its steps.
+        with contextlib.nullcontext() if self.planner is None else self.planner.lock:
+            return self._state_dict(consumed)
+
+    def _state_dict(self, consumed: int | None) -> dict:
+        yielded = self._yielded if self._active else 0
+        consumed = yielded if consumed is None else check_int(consumed, "consumed", low=0)
+        if consumed > yielded or yielded - consumed > len(self._recent):
+            raise ValueError(f"consumed={consumed} must be between {yielded - len(self._recent)} "
+                             f"and the {yielded} batches yielded this epoch")
+        lag = yielded - consumed
+        steps = list(self._recent)[len(self._recent) - lag:] if lag else []
+        # then the loaded steps not replayed yet and those planned ahead by the planner thread
+        planned = self.planner.planned() if self._active and self.planner is not None else []
+        planned = (list(self._replay) if self._active else []) + planned
+        steps += planned
+        state = {key: getattr(self, key) for key in self._settings}
+        state.update(epoch=self.epoch, step=consumed, rank=self.rank,
+                     generator=self._generator_state(
+                         mid_epoch=bool(self._active and (yielded or planned))))
+        if all(b is not None for plan in steps for b in plan):
+            # Plan batches consumed*W, consumed*W + 1, ...: rank r replays those = r (mod W).
+            state["pending_plan"] = [torch.from_numpy(np.array(b, np.int64))
+                                     for plan in steps for b in plan]
+        else:  # replaying a checkpoint of an older version, which held this rank's batches only
+            state["pending"] = [torch.from_numpy(np.array(plan[self.rank], np.int64))
+                                for plan in steps]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume: the next iteration yields exactly the remaining batches of the saved epoch.
+
+        A state saved on any rank resumes any rank (same world size).
+        """
+        for key in self._settings:
+            if key not in state:  # saved before this setting was recorded
+                continue
+            if state[key] != getattr(self, key):
+                raise ValueError(f"state was saved with {key}={state[key]} but this sampler has "
+                                 f"{key}={getattr(self, key)}; construct it with the same value")
+        w = self.world_size
+        if "pending_plan" in state:
+            flat = [np.asarray(b, dtype=np.int64) for b in state["pending_plan"]]
+            if len(flat) % w:
+                raise ValueError(f"state['pending_plan'] holds {len(flat)} batches, not whole "
+                                 f"steps of world_size={w}; pass a state from state_dict()")
+            pending = [flat[i:i + w] for i in range(0, len(flat), w)]
+        else:  # this rank's batches only (saved by an older version, or replaying one)
+            saved = state.get("rank")
+            if saved is not None and saved != self.rank and len(state["pending"]):
+                raise ValueError(
+                    f"state holds the pending batches of rank {saved} only but this sampler has "
+                    f"rank={self.rank}; load the state_dict() that rank {self.rank} saved")
+            pending = [[np.asarray(b, dtype=np.int64) if r == self.rank else None
+                        for r in range(w)] for b in state["pending"]]
+        if self.planner is not None:  # a running iteration is superseded by the loaded state
+            self.planner.stop(self.planner.run)
+        self.epoch = int(state["epoch"])
+        self._pending = pending
+        self._start_step = int(state["step"])
+        self._load_generator_state(state["generator"])

@@ -1,0 +1,156 @@
+"""Global Contrastive Batch Sampling (GCBS): each epoch's batches cut from a GCBS order."""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import numpy as np
+import torch
+
+from .. import _rng
+from .. import distributed as hbdist
+from .._device import check_precision, resolve_device
+from ..embeddings import EmbeddingSource, read_embeddings, source_num_items
+from ..gcbs import check_search_args, gcbs_permutation
+from .refresh import RefreshingSampler, RefreshPolicy, check_pipelining, check_rows, \
+    resolve_distributed
+
+Order = tuple[np.ndarray, np.ndarray]  # (item order [N or N - N mod B], batch order [nb])
+
+
+class GCBSSampler(RefreshingSampler):
+    """Global Contrastive Batch Sampling: each epoch, batches cut from a GCBS permutation.
+
+    At the start of every epoch the embedding source is read and
+    :func:`hardbatch.gcbs_permutation` orders the items; batches are
+    consecutive slices of that order (gcbs paper, Appendix F).
+
+    Args:
+        embeddings: [N, d] tensor/array, an :class:`EmbeddingBank`, or a callable returning one.
+        batch_size: B.
+        quantile: sparsification quantile (paper: 0.999).
+        paired: the Y side of paired data (same kinds as ``embeddings``), or None.
+        method: ``"exact"``, ``"ivf"``, ``"faiss"`` or ``"partition"`` (see gcbs_permutation).
+        nlist, nprobe, partitions: options of those methods.
+        shuffle_batches: visit the batches in random order (default False: the
+            paper's sequential order).
+        device, precision: where and in which precision the similarity products run
+            (see :func:`hardbatch.gcbs_permutation`).
+        refresh_lag: L >= 1 pipelines the epochs: the order of epoch e + 1 is built from
+            the embeddings snapshotted L steps before the end of epoch e (default 0: read
+            at the start of the epoch; 1 with ``background``).
+        background: build that order in a worker thread while epoch e finishes, so the
+            training loop does not wait for it at the epoch boundary; the same batches as
+            ``background=False`` with the same ``refresh_lag``.
+        distributed: share the pair search across the ranks of ``process_group``
+            (:func:`hardbatch.distributed.gcbs_permutation`; the same order as one
+            process). None (default): on when torch.distributed is initialised and
+            ``rank`` / ``world_size`` are its own.
+        drop_last: drop N mod B items each epoch so that every batch is full: a
+            seeded random choice of positions of the epoch's order (its tail holds the
+            items without any strong pair, which would otherwise be dropped every epoch).
+        seed, rank, world_size: as in every sampler.
+    """
+
+    def __init__(self, embeddings: EmbeddingSource, batch_size: int, quantile: float = 0.999, *,
+                 paired: EmbeddingSource | None = None,
+                 method: Literal["exact", "ivf", "faiss", "partition"] = "exact",
+                 shuffle_batches: bool = False, drop_last: bool = False, seed: int = 0,
+                 nlist: int | None = None, nprobe: int = 8, partitions: int | None = None,
+                 device: str | torch.device | None = None,
+                 precision: Literal["fp32", "bf16", "fp16"] = "fp32",
+                 refresh_lag: int | None = None, background: bool = False,
+                 distributed: bool | None = None, process_group=None,
+                 rank: int | None = None, world_size: int | None = None) -> None:
+        n, first = source_num_items(embeddings)
+        super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
+                         world_size=world_size)
+        background, lag = check_pipelining(
+            background, refresh_lag, "steps before the end of an epoch at which the next "
+            "epoch's order is snapshotted")
+        if lag > len(self):
+            raise ValueError(f"refresh_lag={lag} must be at most the {len(self)} steps of an "
+                             "epoch")
+        self.device = resolve_device(device)
+        check_precision(precision)
+        self.precision = precision
+        distributed = resolve_distributed(distributed, process_group, self.rank, self.world_size)
+        self.refresh_policy = RefreshPolicy(
+            embeddings, first, n, prepare=self._prepare, build=self._build, save=self._save,
+            load=self._load, every=len(self), lag=lag, background=background,
+            distributed=distributed, process_group=process_group, per_epoch=True)
+        if not 0.0 < float(quantile) < 1.0:
+            raise ValueError(f"quantile={quantile} must lie strictly between 0 and 1")
+        if method not in ("exact", "ivf", "faiss", "partition"):
+            raise ValueError(f"method={method!r} must be 'exact', 'ivf', 'faiss' or 'partition'")
+        if paired is not None and not callable(paired):  # a callable is checked when read
+            n_paired, _ = source_num_items(paired, "paired")
+            if n_paired != n:
+                raise ValueError(f"paired has {n_paired} rows but embeddings has N={n}; "
+                                 "paired data needs one row of Y per row of X")
+        self.partitions = partitions
+        self.paired = paired
+        self.quantile, self.method = float(quantile), method
+        self.shuffle_batches = bool(shuffle_batches)
+        self.nlist, self.nprobe = check_search_args(nlist, nprobe)
+
+    def _prepare(self, x: np.ndarray, copy: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """(x, y): the embeddings and the paired side now (copies for a later build)."""
+        y = None if self.paired is None else read_embeddings(self.paired, "paired")
+        if y is not None:
+            check_rows(y, self.num_items, "paired source")
+        if copy:
+            x, y = np.array(x, np.float32), None if y is None else np.array(y, np.float32)
+        return x, y
+
+    def _build(self, xy: tuple[np.ndarray, np.ndarray | None], epoch: int, group) -> Order:
+        """Epoch ``epoch``'s item order and batch order, from embeddings ``x`` (and ``y``)."""
+        x, y = xy
+        build = hbdist.gcbs_permutation if self.distributed else gcbs_permutation
+        kw = {"group": group} if self.distributed else {}
+        perm = build(x, self.quantile, y, method=self.method,
+                     seed=_rng.derive_seed(self.seed, epoch) & 0x7FFFFFFF,
+                     nlist=self.nlist, nprobe=self.nprobe, partitions=self.partitions,
+                     device=self.device, precision=self.precision, **kw)
+        perm = perm.numpy()
+        extra = self.num_items % self.batch_size if self.drop_last else 0
+        if extra:  # dropped: a random choice of positions, not always the order's tail
+            drop = _rng.permutation(self.num_items, _rng.derive_seed(self.seed, epoch, 3))
+            perm = np.delete(perm, drop[:extra])
+        nb = self.batches_per_epoch
+        batch_order = (_rng.permutation(nb, _rng.derive_seed(self.seed, epoch, 2))
+                       if self.shuffle_batches else np.arange(nb))
+        return perm, batch_order
+
+    def _begin_epoch(self, fresh: bool) -> None:
+        # The loaded order when resuming mid-epoch; else the pipelined build, or one now.
+        t0 = time.perf_counter()
+        self.refresh_policy.use(self.epoch, rebuild=fresh)
+        self.sampler_seconds += time.perf_counter() - t0
+
+    def _generate(self, index: int, global_step: int) -> np.ndarray:
+        order, batch_order = self.refresh_policy.structure
+        b = int(batch_order[index % self.batches_per_epoch])
+        return order[b * self.batch_size:(b + 1) * self.batch_size]
+
+    def _generator_state(self, mid_epoch: bool) -> dict:
+        return self.refresh_policy.state_dict(current=mid_epoch)
+
+    def _load_generator_state(self, state: dict) -> None:
+        self.refresh_policy.load_state_dict(state, self.epoch)
+
+    @staticmethod
+    def _save(order: Order) -> dict:
+        return {"order": torch.from_numpy(order[0].copy()),
+                "batch_order": torch.from_numpy(order[1].copy())}
+
+    @staticmethod
+    def _load(state: dict) -> Order | None:
+        if "order" not in state:
+            return None
+        return np.asarray(state["order"], np.int64), np.asarray(state["batch_order"], np.int64)
+
+    @property
+    def coverage(self) -> float:
+        return 1.0

@@ -1,0 +1,71 @@
+"""The kNN sampler (BatchSampler's baseline): an anchor plus its B-1 nearest neighbours."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .._device import resolve_device
+from ..embeddings import EmbeddingSource
+from .anchored import AnchoredSampler
+
+
+class KNNBatchSampler(AnchoredSampler):
+    """kNN sampler (the paper's baseline): a random anchor plus its B-1 nearest neighbours.
+
+    Anchors are drawn from items not yet seen this epoch. Every
+    ``refresh_every`` steps the sampler snapshots its embedding source; each
+    batch then costs one [N, d] x [d] product and a top-(B-1) selection
+    (exactly the anchor's row of ``knn_graph(x, B - 1)``, without building the
+    whole graph).
+
+    Args:
+        embeddings: as for :class:`ProximityGraphSampler`.
+        batch_size: B (< N).
+        refresh_every: steps between snapshots; None reads the source once.
+        refresh_lag: steps between a snapshot and its use (default 0).
+        prefetch: batches planned ahead in a planner thread (see ProximityGraphSampler).
+        device: where the per-batch product runs (the snapshot lives there).
+        normalize, drop_last, seed, rank, world_size: as in every sampler.
+
+    Under DDP every rank needs the same snapshot for the plans to agree:
+    feed it from an :class:`EmbeddingBank` (synchronised across ranks) or a
+    fixed table.
+    """
+
+    def __init__(self, embeddings: EmbeddingSource, batch_size: int,
+                 refresh_every: int | None = 100, *, drop_last: bool = False, seed: int = 0,
+                 normalize: bool = True, refresh_lag: int | None = None, prefetch: int = 0,
+                 device: str | torch.device | None = None, rank: int | None = None,
+                 world_size: int | None = None) -> None:
+        super().__init__(embeddings, batch_size, refresh_every=refresh_every,
+                         drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
+                         world_size=world_size, refresh_lag=refresh_lag, distributed=False,
+                         prefetch=prefetch)
+        self.device = resolve_device(device)
+        if self.batch_size >= self.num_items:
+            raise ValueError(f"batch_size={batch_size} must be smaller than N={self.num_items} "
+                             "for the kNN sampler (anchor plus B-1 neighbours)")
+
+    def _build(self, x: np.ndarray, step: int, group) -> torch.Tensor:
+        """The snapshot [N, d] on ``device``."""
+        # A copy: ``x`` may be a view of the live source (an EmbeddingBank, normalize=False),
+        # and the snapshot must stay as it was at its refresh step.
+        return torch.from_numpy(x).to(self.device, copy=True)
+
+    def _draw(self, structure: torch.Tensor, index: int, seed: int) -> np.ndarray:
+        anchor = self._walk_state.next_start(seed)
+        sims = structure @ structure[anchor]
+        sims[anchor] = -torch.inf
+        nearest = sims.topk(self.batch_size - 1, sorted=True).indices.cpu().numpy()
+        batch = np.concatenate([[anchor], nearest]).astype(np.int64)
+        self._walk_state.seen[batch] = 1
+        return batch
+
+    def _save(self, structure: torch.Tensor) -> dict:
+        return {"snapshot": structure.cpu().clone()}
+
+    def _load(self, state: dict) -> torch.Tensor | None:
+        if "snapshot" not in state:
+            return None
+        return torch.as_tensor(state["snapshot"], dtype=torch.float32).to(self.device)

@@ -1,0 +1,173 @@
+"""The proximity-graph sampler (BatchSampler, Yang et al., KDD 2023): walks on a proximity graph."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+
+from .. import _rng
+from .. import distributed as hbdist
+from .._device import check_precision, resolve_device
+from .._validation import check_int
+from ..embeddings import EmbeddingSource
+from ..graph import check_graph_sizes, check_group_size, knn_graph, proximity_graph
+from ..schedules import LinearDecay
+from ..walks import WALKS, check_restart, default_patience, prepare_graph
+from .anchored import AnchoredSampler
+
+
+class ProximityGraphSampler(AnchoredSampler):
+    """BatchSampler (Yang et al., KDD 2023): batches are walks on a proximity graph.
+
+    Every ``refresh_every`` steps the sampler re-reads its embedding source
+    and rebuilds the graph (:func:`hardbatch.proximity_graph`, or the exact
+    :func:`hardbatch.knn_graph` with ``graph="knn"``); each batch is a walk of
+    B distinct items from a start node not yet seen this epoch
+    (:mod:`hardbatch.walks`).
+
+    Args:
+        embeddings: [N, d] tensor/array, an :class:`EmbeddingBank` fed by the
+            training loop, or a callable returning [N, d] (a fresh encoding pass).
+        batch_size: B.
+        candidates: M, candidate pool per item (paper: 500-1000).
+        neighbors: K, neighbours kept (paper: 100; 50 for MUTAG, 500 for text).
+        restart: RWR restart probability alpha in [0, 1), a number or a schedule such
+            as ``LinearDecay(0.2, 0.05)`` (the paper's best). (alpha = 1 would never
+            leave the start node; ``KNNBatchSampler`` gives an anchor's nearest items.)
+        walk: ``"rwr"`` (default), ``"rw"``, ``"bfs"`` or ``"dfs"``.
+        graph: ``"proximity"`` or ``"knn"`` (ablation: exact K nearest).
+        refresh_every: steps between graph rebuilds (paper's t), counted over
+            the whole run; None builds the graph once.
+        epochs: planned epochs, for schedules of ``restart``.
+        normalize: L2-normalise embeddings first (cosine similarity); default True.
+        group_size: candidate-pool sharing of :func:`proximity_graph` (checked here).
+        patience: RWR/RW steps without a new item before jumping to a fresh start.
+        device: where the graph is built (``"cuda"``: products and top-k on the GPU;
+            the candidate pools, hence the graph up to floating-point near-ties, are
+            the same on every device). Walks run on the CPU.
+        precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"`` products with
+            fp32 accumulation (see :func:`hardbatch.proximity_graph`).
+        refresh_lag: steps between the snapshot of the embeddings at a refresh step
+            and the use of the graph built from it (default 0, or 1 with
+            ``background``); see "Background planning" in docs/distributed.md.
+        background: build the next graph in a worker thread from the snapshot, so
+            the training loop does not wait for it; same batches as
+            ``background=False`` with the same ``refresh_lag``.
+        prefetch: plan up to this many batches (walks) ahead in a planner thread
+            (default 0: walks run when a batch is requested). Same batches as
+            ``prefetch=0``; snapshots are still taken in the training loop's thread
+            when the refresh step's batch is requested, so the planner runs ahead by
+            at most ``refresh_every + refresh_lag - 1`` steps past a refresh step.
+        distributed: build the graph sharded across the ranks of ``process_group``
+            and all-gather it (identical to the single-process graph). None
+            (default): on when torch.distributed is initialised and ``rank`` /
+            ``world_size`` are its own. Every rank must then iterate the sampler.
+        process_group: torch.distributed group (default: the default group).
+        drop_last, seed, rank, world_size: as in every sampler.
+    """
+
+    def __init__(self, embeddings: EmbeddingSource, batch_size: int, candidates: int = 1000,
+                 neighbors: int = 100, restart=0.2, walk: str = "rwr",
+                 graph: Literal["proximity", "knn"] = "proximity",
+                 refresh_every: int | None = 100, *, epochs: int | None = None,
+                 drop_last: bool = False, seed: int = 0, normalize: bool = True,
+                 group_size: int | None = None, patience: int | None = None,
+                 device: str | torch.device | None = None,
+                 precision: Literal["fp32", "bf16", "fp16"] = "fp32",
+                 refresh_lag: int | None = None, background: bool = False,
+                 prefetch: int = 0, distributed: bool | None = None, process_group=None,
+                 rank: int | None = None, world_size: int | None = None) -> None:
+        super().__init__(embeddings, batch_size, refresh_every=refresh_every,
+                         drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
+                         world_size=world_size, refresh_lag=refresh_lag, background=background,
+                         distributed=distributed, process_group=process_group,
+                         prefetch=prefetch)
+        self.device = resolve_device(device)
+        check_precision(precision)
+        self.precision = precision
+        if walk not in WALKS:
+            raise ValueError(f"walk={walk!r} must be one of {sorted(WALKS)}")
+        if not callable(restart):
+            restart = check_restart(restart, expected="a number in [0, 1) or a schedule such "
+                                    "as LinearDecay(0.2, 0.05)")
+        else:
+            if isinstance(restart, LinearDecay):  # any other schedule is checked per batch
+                check_restart(restart.start, "restart=LinearDecay(...) start")
+                check_restart(restart.end, "restart=LinearDecay(...) end")
+            if getattr(restart, "total_steps", None) is None and epochs is None:
+                raise ValueError("restart is a schedule: pass epochs=... (training length) to "
+                                 "the sampler, or total_steps=... to the schedule")
+        self.epochs = None if epochs is None else check_int(epochs, "epochs", low=1)
+        self.walk, self.restart = walk, restart
+        self.patience = None if patience is None else check_int(patience, "patience", low=1)
+        self.candidates = check_int(candidates, "candidates", low=1)
+        self.neighbors = check_int(neighbors, "neighbors", low=1)
+        if graph not in ("proximity", "knn"):
+            raise ValueError(f"graph={graph!r} must be 'proximity' or 'knn'")
+        self.graph_kind = graph
+        n = self.num_items
+        if graph == "proximity":
+            check_graph_sizes(self.candidates, self.neighbors, n)
+            group_size = check_group_size(group_size, self.candidates, n)
+        elif self.neighbors >= n:
+            raise ValueError(f"neighbors={neighbors} must be smaller than N={n}")
+        self.group_size = group_size
+
+    @property
+    def graph(self) -> torch.Tensor | None:
+        """The current neighbour table [N, K] (None before the first batch)."""
+        structure = self.refresh_policy.structure
+        return None if structure is None else torch.from_numpy(structure[0])
+
+    def _build(self, x: np.ndarray, step: int, group) -> tuple[np.ndarray, np.ndarray]:
+        """The neighbour table and row degrees of the graph of ``x``."""
+        seed = _rng.derive_seed(self.seed, step, 0x6A)
+        kw = {"device": self.device, "precision": self.precision}
+        if group is None and not self.distributed:
+            if self.graph_kind == "knn":
+                graph = knn_graph(x, self.neighbors, **kw)
+            else:
+                graph = proximity_graph(x, self.candidates, self.neighbors, seed,
+                                        group_size=self.group_size, **kw)
+        elif self.graph_kind == "knn":
+            graph = hbdist.knn_graph(x, self.neighbors, group=group, **kw)
+        else:
+            graph = hbdist.proximity_graph(x, self.candidates, self.neighbors, seed,
+                                           group_size=self.group_size, group=group, **kw)
+        return prepare_graph(graph, self.num_items)
+
+    def restart_at(self, epoch: int, index: int) -> float:
+        """Alpha for global plan batch ``index`` of ``epoch``.
+
+        Progress is plan batches over planned ones (``epochs * ceil(N/B)``), the
+        same for any world size; with ``LinearDecay(total_steps=T)`` it is
+        steps of this rank over T.
+        """
+        if isinstance(self.restart, float):
+            return self.restart
+        total_steps = getattr(self.restart, "total_steps", None)
+        if total_steps:
+            progress = (epoch * len(self) + index // self.world_size) / total_steps
+        else:
+            per_epoch = self.batches_per_epoch
+            progress = (epoch * per_epoch + index) / (self.epochs * per_epoch)
+        return check_restart(float(self.restart(progress)),
+                             f"restart (schedule value at progress {progress:.4g})")
+
+    def _draw(self, structure, index: int, seed: int) -> np.ndarray:
+        graph, deg = structure
+        patience = self.patience or default_patience(graph.shape[1])
+        return self._walk_state.walk(graph, deg, self.batch_size, WALKS[self.walk],
+                                     np.array([self.restart_at(self.epoch, index)]),
+                                     np.array([seed], np.uint64), patience)[0]
+
+    def _save(self, structure) -> dict:
+        return {"graph": torch.from_numpy(structure[0].astype(
+            np.int32 if self.num_items < 2**31 else np.int64))}
+
+    def _load(self, state: dict):
+        if "graph" not in state:
+            return None
+        return prepare_graph(np.asarray(state["graph"], np.int64), self.num_items)

@@ -1,0 +1,119 @@
+"""The digits demo (hardbatch_experiments.demo) and ``hardbatch demo``: building blocks, a
+smoke run, options, aliases and user-facing errors."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+import hardbatch as hb
+from hardbatch.cli import main
+from hardbatch_experiments.datasets import load_digits
+from hardbatch_experiments.demo import digits_augment, digits_encoder, make_loss
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def run(capsys, *argv):
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_digits_augment_is_batched_and_deterministic():
+    x, _ = load_digits()
+    a = digits_augment(x[:50], torch.Generator().manual_seed(1))
+    b = digits_augment(x[:50], torch.Generator().manual_seed(1))
+    c = digits_augment(x[:50], torch.Generator().manual_seed(2))
+    assert a.shape == (50, 64) and a.dtype == torch.float32
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert a.min() >= 0 and a.max() <= 1
+    # a view stays closer to its own digit than to the others
+    sims = nn.functional.normalize(a, dim=1) @ nn.functional.normalize(x[:50], dim=1).T
+    assert sims.diag().mean() > sims.mean() + 0.03
+    # with every perturbation switched off the view is the image itself
+    same = digits_augment(x[:50], torch.Generator().manual_seed(1), max_rotation=0.0,
+                          scale=(1.0, 1.0), max_shift=0.0, noise=0.0, dropout=0.0)
+    torch.testing.assert_close(same, x[:50], atol=1e-5, rtol=0)
+
+
+def test_digits_encoder_shapes():
+    encoder, head = digits_encoder()
+    f = encoder(torch.rand(5, 64))
+    assert f.shape == (5, 128) and head(f).shape == (5, 64)
+
+
+@pytest.mark.parametrize("alias,canonical,cls", [("debiased", "dcl", hb.DebiasedInfoNCE),
+                                                 ("hard_negative", "hcl", hb.HardNegativeInfoNCE)])
+def test_make_loss_aliases_are_the_canonical_losses(alias, canonical, cls):
+    a, b = make_loss(alias, 0.5, seed=0), make_loss(canonical, 0.5, seed=0)
+    assert type(a) is type(b) is cls and a.tau_plus == b.tau_plus == 0.1
+    z1, z2 = torch.randn(8, 4, generator=torch.Generator().manual_seed(0)).split(4)
+    torch.testing.assert_close(a(z1, z2), b(z1, z2), rtol=0, atol=0)
+    # the demo's settings, as before the registry: DebiasedInfoNCE(t, tau_plus=0.1), ...
+    old = cls(0.5, tau_plus=0.1) if cls is hb.DebiasedInfoNCE else cls(0.5, tau_plus=0.1, beta=1.0)
+    torch.testing.assert_close(a(z1, z2), old(z1, z2), rtol=0, atol=0)
+
+
+def test_demo_smoke_all_samplers(capsys, tmp_path):
+    out_dir = tmp_path / "demo"
+    code, out, err = run(capsys, "demo", "--epochs", "1", "--out", str(out_dir), "--seed", "1")
+    assert code == 0, err
+    for name in ("uniform", "kNN", "proximity graph (RWR)", "GCBS"):
+        assert f"| {name} |" in out
+    assert "| sampler | kNN acc | linear acc | hardness |" in out
+    results = json.loads((out_dir / "results.json").read_text())
+    assert [r["sampler"] for r in results["results"]] == ["uniform", "knn", "proximity", "gcbs"]
+    for row in results["results"]:
+        assert 0 <= row["knn_accuracy"] <= 1 and 0 <= row["false_negative_rate"] <= 1
+        assert row["steps"] == 12 and 0 <= row["sampler_share"] < 1
+        assert len(row["curves"]["false_negative_rate"]) == 12
+        assert sum(row["histogram"]["counts"]) > 0
+    assert results["config"]["epochs"] == 1 and results["config"]["seed"] == 1
+    assert (out_dir / "similarity_histograms.png").stat().st_size > 0
+    assert (out_dir / "false_negative_rate.png").stat().st_size > 0
+
+
+def test_demo_options_and_loss_alias(capsys, tmp_path):
+    code, _, err = run(capsys, "demo", "--epochs", "1", "--sampler", "proximity,uniform",
+                       "--loss", "debiased", "--batch-size", "200", "--candidates", "300",
+                       "--neighbors", "30", "--restart", "0.5", "0.1", "--refresh-every", "3",
+                       "--no-plots", "--out", str(tmp_path))
+    assert code == 0, err
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [r["sampler"] for r in results["results"]] == ["proximity", "uniform"]
+    cfg = results["config"]
+    assert (cfg["loss"], cfg["batch_size"], cfg["candidates"], cfg["neighbors"]) == \
+        ("dcl", 200, 300, 30)  # the alias is recorded under its canonical name
+    assert (cfg["restart_start"], cfg["restart_end"], cfg["refresh_every"]) == (0.5, 0.1, 3)
+    assert results["results"][0]["refreshes"] == 3  # 8 steps, rebuilt at steps 0, 3, 6
+    assert not (tmp_path / "similarity_histograms.png").exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["demo", "--sampler", ","], "no sampler name given"),
+    (["demo", "--epochs", "0"], "expected a positive integer"),
+    (["demo", "--epochs", "two"], "expected a positive integer"),
+    (["demo", "--batch-size", "5000"], "--batch-size 5000 must be between 2 and"),
+    (["demo", "--batch-size", "1"], "must be between 2 and"),
+    (["demo", "--candidates", "50", "--neighbors", "100"], "--neighbors 100 must be smaller"),
+    (["demo", "--candidates", "5000"], "must be smaller than the"),
+    (["demo", "--restart", "0.2", "2"], "expected a number in [0, 1]"),
+    (["demo", "--temperature", "-1"], "expected a positive number"),
+])
+def test_demo_errors_exit_2_without_traceback(capsys, argv, message):
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+
+
+def test_out_is_a_file_is_a_clear_error(capsys, tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    code, _, err = run(capsys, "demo", "--epochs", "1", "--sampler", "uniform", "--no-plots",
+                       "--out", str(blocker))
+    assert code == 2 and "hardbatch demo: error:" in err

@@ -1,0 +1,172 @@
+"""The package layout holds: light library imports, no cycles, no private names across modules.
+
+Static checks over ``src/`` (the AST of every module) and one subprocess that imports every
+library module and looks at ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import REPO
+
+SRC = REPO / "src"
+PACKAGES = ("hardbatch", "hardbatch_experiments")
+HEAVY = ("hardbatch_experiments", "sklearn", "matplotlib", "transformers", "sentence_transformers",
+         "torch_geometric", "lightning", "pytorch_lightning")
+MAX_LIBRARY_LINES = 500
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules(package: str) -> dict[str, Path]:
+    return {module_name(p): p for p in sorted((SRC / package).rglob("*.py"))}
+
+
+def resolve(current: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute module an ``ImportFrom`` node names."""
+    if not node.level:
+        return node.module or ""
+    base = current.split(".") if is_package else current.split(".")[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(name: str, path: Path) -> list[tuple[str, str | None, int]]:
+    """(module, imported name or None, line) for every import statement, lazy ones included."""
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            mod = resolve(name, path.name == "__init__.py", node)
+            out += [(mod, a.name, node.lineno) for a in node.names]
+    return out
+
+
+ALL = {**modules("hardbatch"), **modules("hardbatch_experiments")}
+
+
+def test_library_never_imports_the_experiments():
+    bad = [f"{name}:{line} imports {mod}" for name, path in modules("hardbatch").items()
+           for mod, _, line in imports(name, path)
+           if mod.split(".")[0] == "hardbatch_experiments"]
+    assert not bad, bad
+
+
+def test_no_private_name_imported_across_modules():
+    bad = []
+    for name, path in ALL.items():
+        for mod, item, line in imports(name, path):
+            if mod.split(".")[0] not in PACKAGES or item is None:
+                continue
+            target = f"{mod}.{item}"
+            if item.startswith("_") and not item.startswith("__") and target not in ALL:
+                bad.append(f"{name}:{line} imports {item} from {mod}")
+    assert not bad, bad
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {name: set() for name in ALL}
+    for name, path in ALL.items():
+        for mod, item, _ in imports(name, path):
+            for cand in (f"{mod}.{item}" if item else None, mod):
+                if cand in ALL and cand != name:
+                    graph[name].add(cand)
+                    break
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    """Module-level and lazy imports alike; a package's ``__init__`` re-exporting its own
+    submodules is not a cycle (its submodules never import it)."""
+    graph = _graph()
+    for name in graph:  # __init__ -> submodule edges only; submodules must not import __init__
+        graph[name] = {m for m in graph[name] if not name.startswith(m + ".")
+                       or (ALL[m].name != "__init__.py")}
+    assert not _cycles(graph)
+
+
+def test_library_modules_are_short():
+    long = {name: n for name, path in modules("hardbatch").items()
+            if (n := len(path.read_text().splitlines())) > MAX_LIBRARY_LINES}
+    assert not long, long
+
+
+def test_sampler_and_loss_names_are_defined_once():
+    """A literal tuple/list of the sampler (or loss) names appears only in hardbatch.registry."""
+    bad = []
+    for name, path in ALL.items():
+        if name == "hardbatch.registry":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                values = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+                if {"uniform", "knn", "proximity", "gcbs"} <= values or \
+                        {"infonce", "dcl", "hcl"} <= values or \
+                        {"infonce", "debiased", "hard_negative"} <= values:
+                    bad.append(f"{name}:{node.lineno}")
+    assert not bad, bad
+
+
+def test_importing_the_library_loads_no_experiment_or_optional_package():
+    names = sorted(n for n in modules("hardbatch") if not n.endswith("__main__"))
+    code = ("import importlib, json, sys\n"
+            f"for n in {names!r}: importlib.import_module(n)\n"
+            f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=REPO)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_module_parses_and_has_a_docstring(package):
+    missing = [name for name, path in modules(package).items()
+               if path.stat().st_size and ast.get_docstring(ast.parse(path.read_text())) is None]
+    assert not missing, missing
