@@ -21,7 +21,7 @@ from .losses import (
 from .samplers import GCBSSampler, KNNBatchSampler, ProximityGraphSampler, UniformBatchSampler
 from .schedules import LinearDecay
 from .walks import walk_batches
-from . import registry  # noqa: E402  (names and factories: hb.registry.make_sampler)
+from . import registry  # noqa: F401  (names and factories: hb.registry.make_sampler)
 
 __version__ = "0.1.0"
 

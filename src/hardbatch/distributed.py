@@ -40,8 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ._device import Precision, shard_range
-from .gcbs import (PairSearchPlan, PartitionPlan, gcbs_inputs, partition_count, rcm_order,
-                   similarity_threshold)
+from .gcbs import PairSearchPlan, PartitionPlan, gcbs_setup, partition_count, rcm_order
 from .graph import KNNGraphPlan, ProximityGraphPlan
 
 __all__ = ["all_gather_rows", "gcbs_permutation", "get_rank_world", "is_distributed",
@@ -132,14 +131,14 @@ def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method
     contiguous range of the chain of about equal cost (sum of squared cell
     sizes), and the ranges are all-gathered in chain order.
     """
-    x, y, quantile = gcbs_inputs(embeddings, paired, quantile)
+    x, y, threshold, nlist, nprobe = gcbs_setup(embeddings, paired, quantile, method, seed, nlist,
+                                                nprobe, device, precision)
     n = x.shape[0]
-    if n == 1:
+    if threshold is None:
         return torch.zeros(1, dtype=torch.int64)
-    threshold = similarity_threshold(x, y, quantile, seed, device=device, precision=precision)
     if method == "partition":
         part = PartitionPlan(x, y, threshold, partition_count(n, partitions), seed, device,
-                              precision)
+                             precision)
         if not is_distributed(group):
             return torch.from_numpy(part.order(0, len(part.chain)))
         dev = _comm_device(group)
@@ -152,7 +151,7 @@ def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method
         mine = torch.from_numpy(part.order(*part.shard(rank, world)))
         return all_gather_rows(mine, group)
     plan = PairSearchPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
-                     device=device, precision=precision)
+                          device=device, precision=precision)
     rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
     rows, cols = plan.pairs(*shard_range(plan.num_units, rank, world))
     pairs = all_gather_rows(torch.from_numpy(np.stack([rows, cols], axis=1)), group).numpy()

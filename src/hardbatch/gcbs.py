@@ -44,7 +44,7 @@ the reordering (step 3) runs on the CPU of every rank.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -56,8 +56,8 @@ from ._validation import as_embeddings, check_int
 from ._device import (BLOCK_ELEMENTS_CPU, Precision, block_elements, check_precision,
                       matmul_fp32, resolve_device)
 
-__all__ = ["PairSearchPlan", "PartitionPlan", "gcbs_inputs", "gcbs_permutation", "partition_count",
-           "rcm_order", "similarity_threshold", "thresholded_pairs"]
+__all__ = ["GCBSSetup", "PairSearchPlan", "PartitionPlan", "gcbs_permutation", "gcbs_setup",
+           "partition_count", "rcm_order", "similarity_threshold", "thresholded_pairs"]
 
 _QUANTILE_SAMPLE = 20_000_000
 
@@ -267,8 +267,27 @@ def thresholded_pairs(x: np.ndarray, y: np.ndarray, threshold: float,
     return plan.pairs(0, plan.num_units)
 
 
-def gcbs_inputs(embeddings, paired, quantile) -> tuple[np.ndarray, np.ndarray, float]:
-    """Checked GCBS inputs: unit-row float32 X [N, d], Y [N, d] (X itself when unpaired), q."""
+class GCBSSetup(NamedTuple):
+    """What :func:`gcbs_setup` returns: unit rows X, Y [N, d] (Y is X when unpaired), the
+    similarity threshold, and the checked ``nlist`` / ``nprobe``."""
+
+    x: np.ndarray
+    y: np.ndarray
+    threshold: float | None
+    nlist: int | None
+    nprobe: int
+
+
+def gcbs_setup(embeddings, paired, quantile: float, method: str, seed: int, nlist, nprobe,
+               device, precision: Precision) -> GCBSSetup:
+    """Checked GCBS inputs and the similarity threshold (GCBS steps 1-2, before the pair search).
+
+    Shared by :func:`gcbs_permutation` and :func:`hardbatch.distributed.gcbs_permutation`.
+    The threshold is None for a single item (its order is ``[0]``).
+    """
+    if method not in ("exact", "ivf", "faiss", "partition"):
+        raise ValueError(f"method={method!r} must be 'exact', 'ivf', 'faiss' or 'partition'")
+    nlist, nprobe = check_search_args(nlist, nprobe)
     x = as_embeddings(embeddings, "embeddings", normalize=True)
     if paired is None:
         y = x
@@ -280,7 +299,9 @@ def gcbs_inputs(embeddings, paired, quantile) -> tuple[np.ndarray, np.ndarray, f
     quantile = float(quantile)
     if not 0.0 < quantile < 1.0:
         raise ValueError(f"quantile={quantile} must lie strictly between 0 and 1 (paper: 0.999)")
-    return x, y, quantile
+    threshold = None if x.shape[0] == 1 else similarity_threshold(
+        x, y, quantile, seed, device=device, precision=precision)
+    return GCBSSetup(x, y, threshold, nlist, nprobe)
 
 
 def rcm_order(rows: np.ndarray, cols: np.ndarray, n: int, seed: int) -> torch.Tensor:
@@ -417,14 +438,11 @@ def gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.
     10^9 pairs, 16 GB of int64 indices: raise the quantile at that scale,
     Appendix J).
     """
-    if method not in ("exact", "ivf", "faiss", "partition"):
-        raise ValueError(f"method={method!r} must be 'exact', 'ivf', 'faiss' or 'partition'")
-    nlist, nprobe = check_search_args(nlist, nprobe)
-    x, y, quantile = gcbs_inputs(embeddings, paired, quantile)
+    x, y, threshold, nlist, nprobe = gcbs_setup(embeddings, paired, quantile, method, seed, nlist,
+                                                nprobe, device, precision)
     n = x.shape[0]
-    if n == 1:
+    if threshold is None:
         return torch.zeros(1, dtype=torch.int64)
-    threshold = similarity_threshold(x, y, quantile, seed, device=device, precision=precision)
     if method == "partition":
         plan = PartitionPlan(x, y, threshold, partition_count(n, partitions), seed, device,
                               precision)

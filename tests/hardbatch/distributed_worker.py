@@ -23,7 +23,6 @@ import torch.distributed as dist
 import hardbatch as hb
 import hardbatch.distributed as hbdist
 import hardbatch._device as hbdevice
-import hardbatch.graph as hbgraph
 
 N, D, B = 600, 16, 40
 
