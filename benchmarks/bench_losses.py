@@ -4,13 +4,16 @@ Run from the repository root::
 
     python benchmarks/bench_losses.py            # B=1024, d=128, 2 threads
     python benchmarks/bench_losses.py --batch 256 --dim 64 --threads 1
+    python benchmarks/bench_losses.py --quick    # B=256, 1 s per loss, 4 rounds
 
 For each form (simclr, simcse) the baseline is the standard implementation on the same raw
 ``[B, d]`` inputs: L2-normalise, one matmul, (simclr: ``-inf`` on the diagonal of the ``2B x 2B``
 logits), ``F.cross_entropy``. Every timed call runs forward and backward. Baseline and loss are
 timed in alternating rounds (``torch.utils.benchmark.Timer.blocked_autorange``) so that drift of a
 shared machine hits both; the table gives the medians over rounds and the median of the
-per-round ratios.
+per-round ratios. The ``(false_negatives)`` rows pass a fixed random bool ``[B, B]`` mask
+(about 1% True, like a guide's; :func:`hardbatch.guided_mask`) against the same unmasked baseline,
+so their ratio includes the masking.
 Targets: <= 1.3x for InfoNCE / DCL / HCL, <= 2x for SSCL.
 """
 
@@ -54,13 +57,18 @@ def main() -> None:
         "--min-run-time", type=float, default=4.0, help="seconds per loss and per baseline"
     )
     parser.add_argument("--rounds", type=int, default=8, help="alternating baseline / loss rounds")
+    parser.add_argument("--quick", action="store_true",
+                        help="B=256, 1 s per loss, 4 rounds (a smoke run of a minute)")
     args = parser.parse_args()
+    if args.quick:
+        args.batch, args.min_run_time, args.rounds = 256, 1.0, 4
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
     anchor = torch.randn(args.batch, args.dim, requires_grad=True)
     positive = torch.randn(args.batch, args.dim, requires_grad=True)
     t = args.temperature
+    mask = torch.rand(args.batch, args.batch, generator=torch.Generator().manual_seed(1)) < 0.01
 
     def make_step(fn):
         def step() -> None:
@@ -105,11 +113,14 @@ def main() -> None:
             ),
             "SSCLLoss": SSCLLoss(t, form=form, generator=gen),
             "SSCLLoss(mix=False)": SSCLLoss(t, form=form, mix=False, generator=gen),
+            "InfoNCE(false_negatives)": InfoNCE(t, form=form),
+            "HardNegativeInfoNCE(false_negatives)": HardNegativeInfoNCE(t, form=form),
         }
         for name, loss in losses.items():
+            masked = {"false_negatives": mask} if "false_negatives" in name else {}
             base, sec, ratio = compare(
                 lambda form=form: cross_entropy_info_nce(anchor, positive, t, form),
-                lambda loss=loss: loss(anchor, positive),
+                lambda loss=loss, masked=masked: loss(anchor, positive, **masked),
             )
             print(
                 f"| {form} | {name} | {base * 1e3:.1f} | {sec * 1e3:.1f} | {ratio:.2f}x |",

@@ -139,10 +139,11 @@ def run_size(n: int, args, rec: Recorder, device: torch.device) -> None:
         for method in methods:
             perm, s, mem, cmem = measure(lambda method=method: hb.gcbs_permutation(
                 x, q, method=method, partitions=parts, device=device,
-                precision=args.precision), device)
+                precision=args.precision, min_partners=args.min_partners), device)
             top1 = batch_top1(x, perm.numpy(), 256) if n <= 400_000 else None
             extra = {"partitions": parts} if method == "partition" else {}
             rec.add(component="gcbs", method=method, quantile=q, seconds=s, peak_rss_gb=mem,
+                    min_partners=args.min_partners,
                     peak_cuda_gb=cmem, batch_top1=top1, **extra, **common)
         if n <= 400_000:
             rec.add(component="gcbs", method="uniform batches (hardness only)", n=n, d=d,
@@ -163,6 +164,9 @@ def main(argv=None):
                    help="largest N for the O(N^2 d) exact kNN graph and exact GCBS")
     p.add_argument("--gcbs-methods", nargs="*", default=["ivf", "exact"],
                    help="GCBS methods: ivf, exact, faiss, partition")
+    p.add_argument("--min-partners", type=int, default=None,
+                   help="GCBS min_partners (default: the library's, 16; the rows recorded "
+                        "before issue 22 had none: 0)")
     p.add_argument("--cell-size", type=int, default=100_000,
                    help="items per cell of GCBS method='partition' (partitions = N / this)")
     p.add_argument("--threads", type=int, default=2)

@@ -11,6 +11,9 @@
 #
 # Env: DATA_DIR (default: $HARDBATCH_DATA or ../shared/data), OUT (results/graphs),
 #      WORKERS (1), ONLY (dataset subset), STAGE (all | infonce | debiased), EXTRA (more args).
+# Each command prints its progress and a summary line; the script refreshes
+# docs/results/graphs.md (report --in-place) and exits 1 while runs are missing (failed, or
+# held by another live process) at its end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/graphs}
@@ -29,17 +32,23 @@ run() {  # dataset loss seeds
 }
 
 worker() {
+  local rc=0
   if [[ "$STAGE" == all || "$STAGE" == infonce ]]; then
-    for ds in "${DATASETS[@]}"; do run "$ds" infonce 5; done
+    for ds in "${DATASETS[@]}"; do run "$ds" infonce 5 || rc=1; done
   fi
   if [[ "$STAGE" == all || "$STAGE" == debiased ]]; then
-    for ds in "${DATASETS[@]}"; do run "$ds" dcl,hcl 3; done
+    for ds in "${DATASETS[@]}"; do run "$ds" dcl,hcl 3 || rc=1; done
   fi
+  return $rc
 }
 
+pids=()
 for ((w = 0; w < WORKERS; w++)); do
-  worker 2>&1 | sed -u "s/^/[w$w] /" &
+  (worker 2>&1 | sed -u "s/^/[w$w] /") &
+  pids+=($!)
   sleep 5
 done
-wait
-python scripts/report_graphs.py --results "$OUT" || true
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+python scripts/report_graphs.py --results "$OUT" --in-place || true
+exit $status

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Build docs/results/graphs.md: `hardbatch_experiments.reports.graphs`, same options."""
+"""Build the graphs results page: `hardbatch_experiments.reports.graphs`, same options
+(``--out PAGE``, default out/reports/graphs.md; ``--in-place`` for docs/results/graphs.md)."""
 
 from hardbatch_experiments.reports.graphs import main
 

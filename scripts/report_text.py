@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Build docs/results/text.md: `hardbatch_experiments.reports.text`, same options."""
+"""Build the text results page: `hardbatch_experiments.reports.text`, same options
+(``--out PAGE``, default out/reports/text.md; ``--in-place`` for docs/results/text.md)."""
 
 from hardbatch_experiments.reports.text import main
 

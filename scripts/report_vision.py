@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Build docs/results/vision.md: `hardbatch_experiments.reports.vision`, same options."""
+"""Build the vision results page: `hardbatch_experiments.reports.vision`, same options
+(``--out PAGE``, default out/reports/vision.md; ``--in-place`` for docs/results/vision.md)."""
 
 from hardbatch_experiments.reports.vision import main
 

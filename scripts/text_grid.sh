@@ -13,6 +13,8 @@
 #      machine), DATA_DIR (default: $HARDBATCH_DATA or ../shared/data), START_EMB (precomputed
 #      starting-model embeddings, default ~/.cache/hardbatch/wiki100000_minilm.npy when it
 #      exists), EXTRA (more args).
+# At its end the script refreshes docs/results/text.md (report --in-place) and exits 1 when a
+# run is missing (failed, or held by another live process).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -24,10 +26,11 @@ START_EMB=${START_EMB:-$HOME/.cache/hardbatch/wiki100000_minilm.npy}
 [[ -f "$START_EMB" ]] && ARGS+=(--start-embeddings "$START_EMB")
 mkdir -p "$OUT"
 
+status=0
 run() {  # sampler loss seed
   echo "[text_grid] $(date -u +%H:%M:%S) $1 $2 seed $3"
   python -m hardbatch bench simcse --sampler "$1" --loss "$2" --seed-list "$3" "${ARGS[@]}" \
-    ${EXTRA:-}
+    ${EXTRA:-} || status=1
 }
 
 [[ -f "$OUT/zero_shot__all-MiniLM-L6-v2.json" ]] || \
@@ -52,4 +55,6 @@ for seed in 0 1 2; do
   done
   EXTRA="--temperature 0.5 ${EXTRA:-}" run default mnrl "$seed"
 done
-echo "[text_grid] $(date -u +%H:%M:%S) done"
+python scripts/report_text.py --results "$OUT" --in-place || true
+echo "[text_grid] $(date -u +%H:%M:%S) done (exit $status)"
+exit $status

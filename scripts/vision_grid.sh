@@ -9,6 +9,8 @@
 #
 # Env: DATASET (cifar10), DATA_DIR (default: $HARDBATCH_DATA or ../shared/data),
 #      OUT (results/vision), EXTRA (more arguments for every run).
+# After every run the script refreshes docs/results/vision.md (report --in-place); it exits 1
+# when a run is missing (failed, or held by another live process) at its end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DATASET=${DATASET:-cifar10}
@@ -17,10 +19,11 @@ DATA_ARGS=()
 [[ -n "${DATA_DIR:-}" ]] && DATA_ARGS=(--data-dir "$DATA_DIR")
 mkdir -p "$OUT"
 
+status=0
 run() {  # sampler loss seed
   python -m hardbatch bench simclr --dataset "$DATASET" --sampler "$1" --loss "$2" \
-    --seed-list "$3" --out "$OUT" --threads 1 "${DATA_ARGS[@]}" ${EXTRA:-}
-  python scripts/report_vision.py --results "$OUT" > /dev/null 2>&1 || true
+    --seed-list "$3" --out "$OUT" --threads 1 "${DATA_ARGS[@]}" ${EXTRA:-} || status=1
+  python scripts/report_vision.py --results "$OUT" --in-place > /dev/null 2>&1 || true
 }
 
 MAIN=("uniform infonce" "proximity infonce" "uniform sscl" "knn infonce" "gcbs infonce")
@@ -32,3 +35,4 @@ done
 for seed in 0 1 2; do
   for row in "${OTHER[@]}"; do run $row $seed; done
 done
+exit $status

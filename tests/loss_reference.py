@@ -22,8 +22,10 @@ KINDS = ["infonce", "debiased", "hard_negative", "sscl"]
 
 
 def unit(x: torch.Tensor) -> torch.Tensor:
-    """Rows divided by their norm; an all-zero row stays zero (as with F.normalize)."""
-    return x / x.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+    """Rows divided by their norm; an all-zero row stays zero with a zero gradient (hardbatch's
+    convention; F.normalize's gradient there is 1 / eps = 1e12)."""
+    nonzero = (x != 0).any(dim=-1, keepdim=True).to(x.dtype)
+    return x * nonzero / x.norm(dim=-1, keepdim=True).clamp(min=1e-12)
 
 
 def reference(
@@ -44,6 +46,7 @@ def reference(
     seed=0,
     detach_weights=False,
     detach_synthetic=False,
+    false_negatives=None,
 ):
     """Per-row losses in float64 with explicit exp / sum / log and Python loops (as in the papers).
 
@@ -51,8 +54,15 @@ def reference(
     synthetic ``p`` of row ``r`` uses ``(u1, u2, a) = torch.rand(R, k, 3, generator=seed)[r, p]``
     (float32) and mixes ``hard[floor(u1 count)]`` and ``hard[floor(u2 count)]`` into an explicit
     vector ``h``, mixed then normalised; ``detach_synthetic`` detaches ``h`` (the released code).
+    ``false_negatives`` ``[B, B]``: item ``j`` (both its views) is no negative of item ``i``'s rows
+    where it is True (the diagonal is ignored).
     """
     a, p = anchor.double(), positive.double()
+    fn = None if false_negatives is None else false_negatives.tolist()
+
+    def masked(i, j):  # item j is excluded from item i's negatives
+        return fn is not None and i != j and fn[i][j]
+
     bank = None if bank is None else bank.double()
     if normalize:
         a, p = unit(a), unit(p)
@@ -69,12 +79,14 @@ def reference(
                 views[j]
                 for j in range(2 * b)
                 if j not in (i, j_pos) and (lab is None or lab[j] != lab[i])
+                and not masked(i % b, j % b)
             ]
             rows.append((views[i], views[j_pos], negs + extra))
     else:
         lab = None if labels is None else labels.tolist()
         for i in range(b):
-            negs = [p[j] for j in range(b) if j != i and (lab is None or lab[j] != lab[i])]
+            negs = [p[j] for j in range(b)
+                    if j != i and (lab is None or lab[j] != lab[i]) and not masked(i, j)]
             rows.append((a[i], p[i], negs + extra))
 
     draws = None
@@ -154,6 +166,7 @@ def ref_kwargs(kind, **kw):
         "bank": kw.get("negatives"),
         "normalize": kw.get("normalize", True),
         "seed": kw.get("seed", 0),
+        "false_negatives": kw.get("false_negatives"),
     }
     if kind != "infonce":
         out["tau"] = kw.get("tau_plus", 0.1)

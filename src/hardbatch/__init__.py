@@ -4,8 +4,10 @@ Samplers that put hard but true negatives together (proximity graph with
 random walks, kNN, GCBS), and the contrastive losses that exploit them.
 """
 
+from .data import IndexedDataset, indexed_batch
 from .embeddings import EmbeddingBank
 from .gcbs import gcbs_permutation
+from .gradcache import GradCache
 from .graph import knn_graph, proximity_graph
 from .losses import (
     DebiasedInfoNCE,
@@ -14,6 +16,7 @@ from .losses import (
     SSCLLoss,
     debiased_floor_stats,
     debiased_info_nce,
+    guided_mask,
     hard_negative_info_nce,
     info_nce,
     sscl_loss,
@@ -29,7 +32,9 @@ __all__ = [
     "DebiasedInfoNCE",
     "EmbeddingBank",
     "GCBSSampler",
+    "GradCache",
     "HardNegativeInfoNCE",
+    "IndexedDataset",
     "InfoNCE",
     "KNNBatchSampler",
     "LinearDecay",
@@ -39,7 +44,9 @@ __all__ = [
     "debiased_floor_stats",
     "debiased_info_nce",
     "gcbs_permutation",
+    "guided_mask",
     "hard_negative_info_nce",
+    "indexed_batch",
     "info_nce",
     "knn_graph",
     "proximity_graph",

@@ -87,10 +87,21 @@ def as_embeddings(x, name: str = "embeddings", normalize: bool = False) -> np.nd
         row = int(np.flatnonzero(~finite.all(axis=1))[0])
         raise ValueError(f"{name} contains NaN or inf (first at row {row}); check the encoder "
                          "output (e.g. a diverged loss or fp16 overflow) before sampling")
-    if normalize:
-        norms = np.linalg.norm(x, axis=1, keepdims=True)
-        x = x / np.maximum(norms, 1e-12)
-    return x
+    return l2_normalize_rows(x) if normalize else x
+
+
+def l2_normalize_rows(x: np.ndarray) -> np.ndarray:
+    """Rows of the float ``[N, d]`` array ``x`` divided by their L2 norm (zero rows stay zero).
+
+    Scale-safe: a row whose largest entry is >= 1 is first divided by a power of two that brings
+    it into ``[0.5, 1)``, so its squared norm cannot overflow (float32 ``|x|`` above ~1e19 did,
+    making the row zero); the division is exact, so other rows' results are unchanged bit for
+    bit. A row with norm below 1e-12 is divided by 1e-12 (not scaled up).
+    """
+    _, exponent = np.frexp(np.abs(x).max(axis=1, initial=0.0))
+    scale = np.ldexp(np.ones((), x.dtype), -np.maximum(exponent, 0))
+    x = x * scale[:, None].astype(x.dtype, copy=False)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def to_numpy_index_table(x, name: str) -> np.ndarray:
@@ -118,13 +129,63 @@ def num_items_of(n_or_dataset, name: str = "n_or_dataset") -> int:
 # --------------------------------------------------------------------------- contrastive losses
 
 
+# Below float32's smallest normal number (1.2e-38) 1 / t overflows float32; already near it the
+# per-row losses (up to ~2 / t) overflow when a batch's rows are summed. 1e-30 keeps 1 / t at most
+# 1e30, summable over 1e8 rows in float32.
+MIN_TEMPERATURE = 1e-30
+
+
 def check_temperature(temperature) -> float:
-    """The loss temperature as a float (also takes numpy scalars and 0-d tensors)."""
+    """The loss temperature as a float (also takes numpy scalars and 0-d tensors).
+
+    At least :data:`MIN_TEMPERATURE` (1e-30): the losses compute half and single precision
+    inputs in float32, where a smaller ``t`` makes ``1 / t`` (below ~1.2e-38, float32's smallest
+    normal number) or the batch's summed loss overflow.
+    """
     hint = "a finite number > 0 (e.g. 0.5 for SimCLR, 0.05 for SimCSE)"
     t = check_constant(temperature, "temperature", hint)
     if not math.isfinite(t) or t <= 0:
         raise ValueError(f"temperature must be {hint}, got {temperature!r}")
+    if t < MIN_TEMPERATURE:
+        raise ValueError(
+            f"temperature={t:g} is too small: it must be >= {MIN_TEMPERATURE:g}, since the losses "
+            "compute in float32 (half and single precision inputs), where 1/temperature "
+            "overflows below float32's smallest normal number (1.2e-38) and the summed loss of a "
+            "batch (up to 2/temperature per row) already near it; use e.g. 0.05 - 1"
+        )
     return t
+
+
+def check_margin(margin) -> float:
+    """A guided mask's ``margin`` (GISTEmbed) as a finite float (negative values allowed)."""
+    hint = ("a finite number (the guide similarity margin below the positive's; 0.0 masks "
+            "only candidates the guide finds closer than the positive)")
+    value = check_constant(margin, "margin", hint)
+    if not math.isfinite(value):
+        raise ValueError(f"margin must be {hint}, got {margin!r}")
+    return value
+
+
+def check_false_negatives(mask, rows: int, cols: int | str, *, gathered: bool = False) -> None:
+    """``false_negatives``: a bool tensor ``[rows, cols]`` (True: not a negative of the row).
+
+    ``gathered``: under ``gather=True`` the columns are the global batch's items, so the hint
+    names the ``[b, B_global]`` form.
+    """
+    expected = f"[{rows}, {cols}]" + (
+        " (this rank's anchors x the global batch's items, in rank order)" if gathered
+        else " (anchors x items of the batch)")
+    if not isinstance(mask, torch.Tensor) or mask.shape != (rows, cols):
+        raise ValueError(
+            f"false_negatives must be a bool tensor of shape {expected}, got {_shape_of(mask)}"
+            + ("; with gather=True build it with hardbatch.guided_mask(..., gather=True) or "
+               "for the gathered items" if gathered else "")
+        )
+    if mask.dtype != torch.bool:
+        raise ValueError(
+            f"false_negatives must be a bool tensor (True: item j is not a negative of anchor "
+            f"i), got dtype {mask.dtype}; compare or cast it, e.g. mask.bool() or mask > 0"
+        )
 
 
 def check_tau_plus(tau_plus) -> float:
@@ -175,9 +236,22 @@ def check_pair_inputs(
     labels: torch.Tensor | None,
     negatives: torch.Tensor | None,
     check_finite: bool,
+    check_batch_size: bool = True,
 ) -> None:
     """The inputs of a contrastive loss: two ``[B, d]`` float views on one device, optional
-    ``[B]`` labels and ``[m, d]`` negatives; ``B >= 2``, or ``B >= 1`` with ``m >= 1``."""
+    ``[B]`` labels and ``[m, d]`` negatives; ``B >= 2``, or ``B >= 1`` with ``m >= 1``
+    (:func:`check_pair_count`; ``check_batch_size=False`` leaves it to the caller, as
+    ``gather=True`` does for the global batch). A 1-D ``positive`` (pytorch-metric-learning's
+    ``loss(embeddings, labels)``) gets an error naming hardbatch's call form."""
+    if (isinstance(anchor, torch.Tensor) and isinstance(positive, torch.Tensor)
+            and anchor.dim() == 2 and positive.dim() == 1):
+        raise ValueError(
+            f"positive must be a 2-D tensor [B, d] (the second view), got a 1-D tensor of shape "
+            f"{tuple(positive.shape)}: hardbatch losses are called loss(anchor, positive, "
+            f"labels=labels) with two views of the batch, not pytorch-metric-learning's "
+            f"loss(embeddings, labels); pass the labels by keyword (labels=...) and the second "
+            f"view's embeddings as positive"
+        )
     for name, x in (("anchor", anchor), ("positive", positive)):
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
             raise ValueError(f"{name} must be a 2-D tensor [B, d], got {_shape_of(x)}")
@@ -222,15 +296,24 @@ def check_pair_inputs(
                 f"negatives must be on the device of anchor and positive ({anchor.device}), "
                 f"got {negatives.device}; move them with .to(device)"
             )
-    # With extra negatives a single pair still has something to be contrasted with.
-    has_bank = negatives is not None and negatives.shape[0] > 0
-    if anchor.shape[0] < (1 if has_bank else 2):
-        raise ValueError(
-            f"need a batch of at least 2 pairs (B >= 2) for in-batch negatives, or B >= 1 with "
-            f"at least one row of negatives, got B={anchor.shape[0]}"
-            + ("" if has_bank else "; use drop_last=True in the DataLoader or pass negatives")
-        )
+    if check_batch_size:
+        check_pair_count(anchor.shape[0], 0 if negatives is None else negatives.shape[0])
     if check_finite:
         for name, x in (("anchor", anchor), ("positive", positive), ("negatives", negatives)):
             if x is not None:
                 check_finite_tensor(x, name)
+
+
+def check_pair_count(pairs: int, extra_negatives: int, where: str = "") -> None:
+    """``ValueError`` unless ``pairs >= 2``, or ``pairs >= 1`` with ``extra_negatives >= 1``.
+
+    With extra negatives a single pair still has something to be contrasted with. ``where``
+    qualifies the count (e.g. "global " under ``gather=True``).
+    """
+    has_bank = extra_negatives > 0
+    if pairs < (1 if has_bank else 2):
+        raise ValueError(
+            f"need a {where}batch of at least 2 pairs (B >= 2) for in-batch negatives, or B >= 1 "
+            f"with at least one row of negatives, got B={pairs}"
+            + ("" if has_bank else "; use drop_last=True in the DataLoader or pass negatives")
+        )

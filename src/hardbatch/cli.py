@@ -11,7 +11,10 @@ A plugin is a function ``add(subparsers)`` registered under the entry-point grou
 ``hardbatch.commands`` (in a package's ``pyproject.toml``); it adds its sub-parser and sets
 ``func`` (``args -> exit code``) on it, as :func:`hardbatch.inspect_cli.add_inspect_parser`
 does. The library itself never imports a plugin's package. Bad options or inputs exit with
-code 2 and a one-line message on stderr, never a traceback.
+code 2 and a one-line message on stderr, never a traceback: :func:`run_guarded` turns the
+library's ``ValueError`` (which names the parameter and the fix), a missing or misplaced file
+and a diverged run (``FloatingPointError``) into that line, for every command and for the
+standalone entry points of plugins; any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -23,10 +26,29 @@ from importlib.metadata import entry_points
 from . import __version__
 from .inspect_cli import add_inspect_parser
 
-__all__ = ["COMMAND_GROUP", "build_parser", "main"]
+__all__ = ["COMMAND_GROUP", "USER_ERRORS", "build_parser", "main", "run_guarded"]
 
 #: Entry-point group of the plugin commands.
 COMMAND_GROUP = "hardbatch.commands"
+
+#: What a command reports in one line (exit code 2) instead of a traceback: bad values
+#: (the library's ValueError names the parameter and the fix), file problems, and a run that
+#: diverged (FloatingPointError: lower the learning rate or raise the temperature).
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+               PermissionError, FileExistsError, FloatingPointError)
+
+
+def run_guarded(prog: str, func, args) -> int:
+    """``func(args)`` as a command's exit code: :data:`USER_ERRORS` become ``prog: error:
+    MESSAGE`` on stderr and exit code 2, Ctrl-C exit code 130; other exceptions propagate."""
+    try:
+        return int(func(args) or 0)
+    except USER_ERRORS as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 def _add_plugin_commands(subparsers) -> None:
@@ -62,16 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stderr)
         return 2
-    name = args.command
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-            PermissionError, FileExistsError) as exc:
-        print(f"hardbatch {name}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"hardbatch {name}: interrupted", file=sys.stderr)
-        return 130
+    return run_guarded(f"hardbatch {args.command}", args.func, args)
 
 
 if __name__ == "__main__":

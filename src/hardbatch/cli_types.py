@@ -6,6 +6,7 @@ with a message saying what was expected (argparse then exits with code 2)::
     parser.add_argument("--epochs", type=positive_int)
     parser.add_argument("--restart", type=probability)          # [0, 1]
     parser.add_argument("--quantile", type=open_probability)    # (0, 1)
+    parser.add_argument("--temperature", type=temperature)      # >= 1e-30, the losses' smallest
 
 Sampler and loss names are plain strings on the parser and are parsed by the command with
 :func:`hardbatch.registry.parse_names` (one error listing the valid names).
@@ -16,8 +17,10 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["nonnegative_int", "open_probability", "positive_float", "positive_int",
-           "probability"]
+from ._validation import MIN_TEMPERATURE
+
+__all__ = ["nonnegative_int", "open_probability", "positive_float", "positive_int", "probability",
+           "temperature"]
 
 
 def _integer_at_least(text: str, low: int, what: str) -> int:
@@ -48,6 +51,16 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def temperature(text: str) -> float:
+    """A finite temperature >= the losses' smallest (``hardbatch._validation.MIN_TEMPERATURE``)."""
+    value = positive_float(text)
+    if value < MIN_TEMPERATURE:
+        raise argparse.ArgumentTypeError(
+            f"expected a temperature >= {MIN_TEMPERATURE:.3g} (the losses overflow float32 "
+            f"below it; typical values 0.05 - 1), got {text!r}")
     return value
 
 

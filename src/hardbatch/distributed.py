@@ -11,6 +11,14 @@ CPU for ``gloo``.
 - :func:`all_gather_rows`: concatenation over ranks of tensors with equal
   trailing shape and *uneven* row counts (counts first, then a padded
   ``all_gather``, padding stripped), in rank order.
+  :func:`all_gather_rows_with_grad` is the same concatenation with a gradient:
+  its backward sums the gradient of the whole concatenation over the ranks
+  (``all_reduce``) and hands each rank the rows it contributed, so a loss of
+  gathered embeddings back-propagates into every rank's encoder (the gathered
+  negatives of ``gather=True`` in :mod:`hardbatch.losses`).
+  :func:`all_gather_ints` gathers a few integers per rank (shapes, flags) in
+  one fixed-size collective, so that every rank can check every rank's inputs
+  before any variable-size collective.
 - :func:`proximity_graph` / :func:`knn_graph`: each rank computes the cheap,
   seeded candidate-pool table in full (the same on every rank), builds the
   rows of its contiguous range of blocks of groups (rows for the kNN graph)
@@ -43,8 +51,9 @@ from ._device import Precision, shard_range
 from .gcbs import PairSearchPlan, PartitionPlan, gcbs_setup, partition_count, rcm_order
 from .graph import KNNGraphPlan, ProximityGraphPlan
 
-__all__ = ["all_gather_rows", "gcbs_permutation", "get_rank_world", "is_distributed",
-           "knn_graph", "proximity_graph", "sync_bank_update"]
+__all__ = ["all_gather_ints", "all_gather_rows", "all_gather_rows_with_grad", "gcbs_permutation",
+           "get_rank_world", "is_distributed", "knn_graph", "proximity_graph",
+           "sync_bank_update"]
 
 
 def is_distributed(group=None) -> bool:
@@ -67,28 +76,85 @@ def _comm_device(group=None) -> torch.device:
     return torch.device("cpu")
 
 
-def all_gather_rows(tensor: torch.Tensor, group=None) -> torch.Tensor:
+def all_gather_ints(values: list[int], group=None) -> list[list[int]]:
+    """Every rank's list of ``len(values)`` integers (same length on every rank), in rank order.
+
+    One fixed-size ``all_gather``: it cannot hang on mismatched shapes, so it is the first
+    collective of a call whose later collectives depend on every rank's sizes. ``[values]``
+    when not distributed.
+    """
+    if not is_distributed(group):
+        return [list(values)]
+    dev = _comm_device(group)
+    mine = torch.tensor(values, dtype=torch.int64, device=dev)
+    parts = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, mine, group=group)
+    return [p.tolist() for p in parts]
+
+
+def _gather_padded(tensor: torch.Tensor, counts: list[int], group) -> torch.Tensor:
+    """``all_gather`` of ``tensor`` padded to ``max(counts)`` rows; padding dropped."""
+    dev = _comm_device(group)
+    padded = torch.zeros((max(counts), *tensor.shape[1:]), dtype=tensor.dtype, device=dev)
+    padded[:tensor.shape[0]] = tensor.detach().to(dev)
+    parts = [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([p[:c] for p, c in zip(parts, counts)]).to(tensor.device)
+
+
+def all_gather_rows(tensor: torch.Tensor, group=None, counts: list[int] | None = None
+                    ) -> torch.Tensor:
     """Concatenate ``tensor`` [n_r, ...] of every rank along dim 0, in rank order.
 
     Ranks may hold different row counts n_r (e.g. a short last batch): counts
-    are gathered first, every rank pads to the largest, and the padding is
-    dropped. The result lives on ``tensor``'s device. Returns ``tensor``
-    itself when not distributed.
+    are gathered first (or taken from ``counts``, every rank's n_r, when the
+    caller knows them), every rank pads to the largest, and the padding is
+    dropped. The result lives on ``tensor``'s device and has no gradient
+    (:func:`all_gather_rows_with_grad` has one). Returns ``tensor`` itself when
+    not distributed.
     """
     if not is_distributed(group):
         return tensor
-    dev = _comm_device(group)
-    world = dist.get_world_size(group)
-    count = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=dev)
-    counts = [torch.zeros_like(count) for _ in range(world)]
-    dist.all_gather(counts, count, group=group)
-    counts = [int(c.item()) for c in counts]
-    most = max(counts)
-    padded = torch.zeros((most, *tensor.shape[1:]), dtype=tensor.dtype, device=dev)
-    padded[:tensor.shape[0]] = tensor.to(dev)
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded, group=group)
-    return torch.cat([p[:c] for p, c in zip(parts, counts)]).to(tensor.device)
+    if counts is None:
+        counts = [c[0] for c in all_gather_ints([tensor.shape[0]], group)]
+    return _gather_padded(tensor, counts, group)
+
+
+class _AllGatherRows(torch.autograd.Function):
+    """Padded ``all_gather`` forward; backward: ``all_reduce`` (sum) of the gradient, own rows."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, counts: list[int], group) -> torch.Tensor:
+        rank = dist.get_rank(group)
+        ctx.group, ctx.start, ctx.count = group, sum(counts[:rank]), counts[rank]
+        return _gather_padded(tensor, counts, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple:
+        dev = _comm_device(ctx.group)
+        total = grad.to(dev, copy=True).contiguous()
+        # Each rank's loss puts a gradient on every gathered row; a row's full gradient is the
+        # sum over the ranks, and the rank that contributed the row keeps it.
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=ctx.group)
+        own = total[ctx.start:ctx.start + ctx.count].to(grad.device)
+        return own, None, None
+
+
+def all_gather_rows_with_grad(tensor: torch.Tensor, group=None,
+                              counts: list[int] | None = None) -> torch.Tensor:
+    """:func:`all_gather_rows` with a gradient flowing back to every rank's rows.
+
+    The backward is a collective (an ``all_reduce`` of the ``[sum n_r, ...]`` gradient):
+    every rank must back-propagate through the result (as under DDP, where every rank calls
+    ``loss.backward()``), in the same order as the other ranks. Under DDP, which averages the
+    parameter gradients over the W ranks, a loss of gathered embeddings gives the gradient of
+    the sum of the ranks' losses divided by W. Returns ``tensor`` itself when not distributed.
+    """
+    if not is_distributed(group):
+        return tensor
+    if counts is None:
+        counts = [c[0] for c in all_gather_ints([tensor.shape[0]], group)]
+    return _AllGatherRows.apply(tensor, list(counts), group)
 
 
 def proximity_graph(embeddings, candidates: int = 1000, neighbors: int = 100, seed: int = 0, *,

@@ -11,7 +11,8 @@ import torch
 from ._validation import as_embeddings, check_int
 from .distributed import is_distributed, sync_bank_update
 
-__all__ = ["EmbeddingBank", "EmbeddingSource", "read_embeddings", "source_num_items"]
+__all__ = ["STALE_BANK_STEPS", "EmbeddingBank", "EmbeddingSource", "read_embeddings",
+           "source_num_items", "unwritten_bank_warning"]
 
 
 class EmbeddingBank:
@@ -56,6 +57,7 @@ class EmbeddingBank:
         self.embeddings = table.to(dtype=dtype, device=device)
         self.last_update = torch.full((self.num_items,), -1, dtype=torch.int64)
         self.step = 0
+        self.rows_written = 0  # rows stored by update() so far, counted with repeats
         if sync not in (None, True, False):
             raise ValueError(f"sync={sync!r} must be True, False or None (automatic)")
         self.sync, self.process_group = sync, process_group
@@ -73,9 +75,17 @@ class EmbeddingBank:
         """Store ``batch_embeddings`` [b, d] for items ``indices`` [b]; counts one step.
 
         With synchronisation on (``sync``), the rows of all ranks are stored on
-        every rank (collective call).
+        every rank (collective call). ``indices`` must hold integers (the items' dataset
+        indices); floats or booleans raise ``ValueError``.
         """
-        idx = torch.as_tensor(indices, dtype=torch.int64).reshape(-1).cpu()
+        idx = torch.as_tensor(indices.cpu() if isinstance(indices, torch.Tensor)
+                              else np.asarray(indices))
+        if idx.numel() and (idx.is_floating_point() or idx.is_complex()
+                            or idx.dtype == torch.bool):
+            raise ValueError(f"indices must be integer item indices, got dtype {idx.dtype}; "
+                             "pass the items' dataset indices (e.g. the index a dataset "
+                             "returns with each item), not values or a mask")
+        idx = idx.to(torch.int64).reshape(-1)
         if not isinstance(batch_embeddings, torch.Tensor):
             batch_embeddings = torch.as_tensor(np.asarray(batch_embeddings))
         if batch_embeddings.ndim != 2 or batch_embeddings.shape[1] != self.dim:
@@ -98,6 +108,7 @@ class EmbeddingBank:
             self.embeddings.device)
         self.last_update[idx] = self.step
         self.step += 1
+        self.rows_written += int(idx.numel())
 
     def staleness(self) -> torch.Tensor:
         """Steps since each item was last updated, int64 [N]; -1 for items never updated."""
@@ -116,7 +127,7 @@ class EmbeddingBank:
 
     def state_dict(self) -> dict:
         return {"embeddings": self.embeddings.cpu().clone(), "last_update": self.last_update.clone(),
-                "step": self.step}
+                "step": self.step, "rows_written": self.rows_written}
 
     def load_state_dict(self, state: dict) -> None:
         emb = state["embeddings"]
@@ -126,6 +137,36 @@ class EmbeddingBank:
         self.embeddings.copy_(emb)
         self.last_update.copy_(state["last_update"])
         self.step = int(state["step"])
+        self.rows_written = int(state.get("rows_written", 0))
+
+
+#: Sampler steps without any ``bank.update`` after which a refresh warns: more than any
+#: DataLoader asks for ahead of training, so a prefetching loader never triggers it.
+STALE_BANK_STEPS = 64
+
+
+def unwritten_bank_warning(bank: EmbeddingBank, unchanged_steps: int) -> str | None:
+    """Why a sampler rebuilding from ``bank`` now would draw uniform-like batches, or None.
+
+    ``unchanged_steps``: sampler steps since ``bank.step`` last changed. The message when
+    the bank was not written for :data:`STALE_BANK_STEPS` steps or more (a forgotten
+    ``bank.update``), or when over half of its rows were never written although ``update``
+    has stored at least N rows (given something other than the items' dataset indices, e.g.
+    labels): such rows hold their random initial vectors.
+    """
+    never = float((bank.last_update < 0).double().mean())
+    if unchanged_steps >= STALE_BANK_STEPS:
+        return (f"the EmbeddingBank was not written during the sampler's last "
+                f"{unchanged_steps} steps: 100% of its rows are unchanged ({never:.0%} never "
+                "written), so the sampler rebuilds from the same (initially random) "
+                "embeddings and its batches stay as uniform as before; call "
+                "bank.update(indices, embeddings) with each training batch")
+    if never > 0.5 and bank.rows_written >= bank.num_items:
+        return (f"{never:.0%} of the EmbeddingBank's rows were never written although "
+                f"bank.update stored {bank.rows_written} rows (N={bank.num_items}): those rows "
+                "hold random vectors and make batches uniform; pass bank.update the items' "
+                "dataset indices (not labels or positions within the batch)")
+    return None
 
 
 EmbeddingSource = Union[torch.Tensor, np.ndarray, EmbeddingBank, Callable[[], object]]

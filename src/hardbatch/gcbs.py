@@ -12,21 +12,22 @@ from it hold pairs with large similarity (gcbs paper, sections 4-5):
    and items without any strong pair end up together;
 4. batch the permuted order sequentially.
 
+Step 2 keeps, besides, each item's ``min_partners`` strongest pairs (its nearest
+neighbours, under ``X Y^T``) even when they fall below the threshold: with the global
+quantile alone many items get no edge and RCM puts them at the end of the order, so the
+epoch ended in random batches (docs/gcbs.md: 54% of the batches of MNIST, N = 10k, B = 256,
+no harder than uniform ones). ``min_partners=0`` is the paper's graph.
+
 For unpaired (self-supervised) data ``Y = X``; for paired data ``(X, Y)``
 (queries and documents, captions and images) pass ``paired=Y``: the cross
 similarity ``X Y^T`` is thresholded, as in the paper. Rows are L2-normalised
 (cosine similarity).
 
-Step 2 is exact by default (``method="exact"``: blocked dense products,
-O(N^2 d) time, O(nnz) memory). ``method="ivf"`` is an inverted-file
-approximation: spherical k-means puts the items in ``nlist`` (default sqrt(N))
-lists, and each list is compared, by one dense product, with the ``nprobe``
-lists whose centroids are nearest: about nprobe/nlist of the exact cost
-(N=100k, d=768: ~10 s instead of ~4 min on 2 cores, batches within 2% of the
-exact version's hardness; docs/benchmarks.md). ``method="faiss"`` does the
-same with a faiss ``IndexIVFFlat.range_search`` (``pip install faiss-cpu``);
-on CPU it scans each query separately and was 4-10x slower than ``"ivf"``
-here, but it is the natural route to faiss-gpu.
+``method="auto"`` (the default) picks ``"exact"`` up to ``AUTO_EXACT_MAX_ITEMS`` items,
+``"ivf"`` up to ``AUTO_IVF_MAX_ITEMS`` and ``"partition"`` beyond (thresholds measured on a
+2-core CPU, docs/gcbs.md). ``"exact"``, ``"ivf"`` and ``"faiss"`` are the pair searches of
+:mod:`hardbatch.pair_search` (blocked dense; inverted lists compared by dense products; a
+faiss range search).
 
 ``method="partition"`` (for millions of items) replaces the global step 2-3
 by coarse spherical k-means cells: exact pairs and reverse Cuthill-McKee
@@ -52,14 +53,31 @@ import torch
 from scipy.sparse.csgraph import reverse_cuthill_mckee
 
 from . import _rng
+from ._device import BLOCK_ELEMENTS_CPU, Precision, check_precision, matmul_fp32, resolve_device
+from ._logging import NO_BAR, BuildLog, get_logger, progress_bar
 from ._validation import as_embeddings, check_int
-from ._device import (BLOCK_ELEMENTS_CPU, Precision, block_elements, check_precision,
-                      matmul_fp32, resolve_device)
+from .pair_search import (DEFAULT_MIN_PARTNERS, PairSearchPlan, check_min_partners,
+                          check_search_args, spherical_kmeans, strongest_partners,
+                          thresholded_pairs)
 
-__all__ = ["GCBSSetup", "PairSearchPlan", "PartitionPlan", "gcbs_permutation", "gcbs_setup",
-           "partition_count", "rcm_order", "similarity_threshold", "thresholded_pairs"]
+# PairSearchPlan, thresholded_pairs, check_* and strongest_partners live in pair_search.py and
+# are re-exported here (hardbatch.distributed and older code import them from hardbatch.gcbs).
+__all__ = ["AUTO_CELL_ITEMS", "AUTO_EXACT_MAX_ITEMS", "AUTO_IVF_MAX_ITEMS",
+           "DEFAULT_MIN_PARTNERS", "METHODS", "GCBSSetup", "PairSearchPlan", "PartitionPlan",
+           "check_min_partners", "check_search_args", "default_interleave", "gcbs_permutation",
+           "gcbs_setup", "interleave_chunks", "resolve_build",
+           "partition_count", "rcm_order", "resolve_method", "similarity_threshold",
+           "strongest_partners", "thresholded_pairs"]
 
 _QUANTILE_SAMPLE = 20_000_000
+METHODS = ("auto", "exact", "ivf", "faiss", "partition")
+# method="auto": measured on the 2-core CPU (bench_gcbs.py --auto-scan; docs/gcbs.md): ivf was
+# faster than exact from 5,000 items on and than partition up to 400,000; partition holds a
+# third of the memory at 1.28M (docs/benchmarks.md).
+AUTO_EXACT_MAX_ITEMS = 5_000
+AUTO_IVF_MAX_ITEMS = 1_000_000
+AUTO_CELL_ITEMS = 10_000  # method="auto" above AUTO_IVF_MAX_ITEMS: partition cells of ~10k
+_LOG = get_logger("gcbs")
 
 
 def similarity_threshold(x: np.ndarray, y: np.ndarray, quantile: float, seed: int = 0,
@@ -86,185 +104,64 @@ def similarity_threshold(x: np.ndarray, y: np.ndarray, quantile: float, seed: in
         sims = matmul_fp32(xt[r], yt.T)
         sims[torch.arange(len(r), device=dev), r] = -torch.inf  # self pairs: smallest, skipped
         values.append(sims.reshape(-1))
-    flat = torch.cat(values)
-    count = flat.numel() - len(rows)
+    total = sum(v.numel() for v in values)
+    count = total - len(rows)
     k = int(np.clip(np.ceil(quantile * count), 1, count)) + len(rows)
-    return float(flat.kthvalue(k).values)
+    top = total - k + 1  # the value sought is the top-th largest sampled similarity
+    if total >= 1 << 20 and top <= total // 64:
+        # Select among the values above a bound that about 4 * top of them pass (from every
+        # 16th value): the same value as a selection over all of them, several times faster
+        # (a full kthvalue over 20M floats took 0.4 s of a 1 s build at N = 20k).
+        every = torch.cat([v[::16] for v in values])
+        keep = min(every.numel(), 4 * top // 16 + 64)
+        bound = every.kthvalue(every.numel() - keep + 1).values
+        above = torch.cat([v[v >= bound] for v in values])
+        if above.numel() >= top:
+            return float(above.kthvalue(above.numel() - top + 1).values)
+    return float(torch.cat(values).kthvalue(k).values)
 
 
-def _kmeans(y: torch.Tensor, k: int, seed: int, iters: int = 10) -> torch.Tensor:
-    """Spherical k-means centroids [k, d] (fp32) from a sample of at most 64k rows of ``y``."""
-    n = y.shape[0]
-    pick = torch.from_numpy(_rng.permutation(n, _rng.derive_seed(seed, 0x1BF))[:min(n, 64 * k)])
-    sample = y[pick.to(y.device)].float()
-    cent = sample[:k].clone()
-    for _ in range(iters):
-        assign = (sample @ cent.T).argmax(dim=1)
-        new = torch.zeros_like(cent).index_add_(0, assign, sample)
-        empty = new.norm(dim=1) == 0
-        new[empty] = cent[empty]
-        cent = torch.nn.functional.normalize(new, dim=1)
-    return cent
+def resolve_method(method: str, n: int) -> str:
+    """The pair search ``method="auto"`` stands for at N items (others returned unchanged).
 
-
-_EMPTY = (np.empty(0, np.int64), np.empty(0, np.int64))
-
-
-def check_search_args(nlist, nprobe) -> tuple[int | None, int]:
-    """``nlist`` (None: the method's default) and ``nprobe`` of the inverted-file searches."""
-    if nlist is not None:
-        nlist = check_int(nlist, "nlist", low=1)
-    return nlist, check_int(nprobe, "nprobe", low=1)
-
-
-def _concat(rows: list, cols: list) -> tuple[np.ndarray, np.ndarray]:
-    if not rows:
-        return _EMPTY
-    return (np.concatenate(rows).astype(np.int64, copy=False),
-            np.concatenate(cols).astype(np.int64, copy=False))
-
-
-class PairSearchPlan:
-    """Step 2 of GCBS (pairs above the threshold), cut into units that ranks can share.
-
-    Units are row blocks (``"exact"``, ``"faiss"``) or inverted lists
-    (``"ivf"``); :meth:`pairs` returns the pairs found by units [start, end).
-    Used whole by :func:`thresholded_pairs` and in shards by
-    :func:`hardbatch.distributed.gcbs_permutation`.
+    ``"exact"`` up to ``AUTO_EXACT_MAX_ITEMS`` (5,000: under 0.4 s either way), ``"ivf"`` up
+    to ``AUTO_IVF_MAX_ITEMS`` (1M; the fastest from 5,000 to 400,000 items on the 2-core CPU
+    of docs/gcbs.md, with batches as hard as the exact ones), ``"partition"`` beyond (the
+    pairs are held one cell at a time).
     """
-
-    def __init__(self, x: np.ndarray, y: np.ndarray, threshold: float, method: str, *,
-                 nlist: int | None, nprobe: int, seed: int, device, precision: str) -> None:
-        if method not in ("exact", "ivf", "faiss"):
-            raise ValueError(f"method={method!r} must be 'exact', 'ivf', 'faiss' or "
-                             "(in gcbs_permutation) 'partition'")
-        nlist, nprobe = check_search_args(nlist, nprobe)
-        self.x, self.y, self.threshold, self.method = x, y, float(threshold), method
-        self.seed, self.nprobe = seed, nprobe
-        self.device, self.dtype = resolve_device(device), check_precision(precision)
-        n = x.shape[0]
-        if method == "exact":
-            self.per = max(1, (4 * block_elements(self.device)) // n)
-            self.num_units = -(-n // self.per)
-        elif method == "faiss":
-            self.per = 65536
-            self.num_units = -(-n // self.per)
-            self.nlist = nlist or int(max(1, min(n // 39, 4 * np.sqrt(n))))
-        else:
-            self.nlist = int(nlist or max(1, round(np.sqrt(n))))
-            self.num_units = self.nlist
-        self._ivf = None
-        self._faiss = None
-
-    def _tensors(self):
-        xt = torch.from_numpy(self.x).to(self.device, self.dtype)
-        yt = xt if self.y is self.x else torch.from_numpy(self.y).to(self.device, self.dtype)
-        return xt, yt
-
-    def pairs(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-        """Pairs (i, j), i != j, above the threshold found by units [start, end)."""
-        if end <= start:
-            return _EMPTY
-        if self.method == "exact":
-            return self._exact(start, end)
-        if self.method == "ivf":
-            return self._ivf_pairs(start, end)
-        return self._faiss_pairs(start, end)
-
-    def _exact(self, start: int, end: int):
-        n = self.x.shape[0]
-        xt, yt = self._tensors()
-        rows, cols = [], []
-        for s in range(start * self.per, min(n, end * self.per), self.per):
-            e = min(n, s + self.per)
-            sims = matmul_fp32(xt[s:e], yt.T)
-            sims[torch.arange(e - s, device=self.device),
-                 torch.arange(s, e, device=self.device)] = -torch.inf
-            r, c = torch.nonzero(sims > self.threshold, as_tuple=True)
-            rows.append((r + s).cpu().numpy())
-            cols.append(c.cpu().numpy())
-        return _concat(rows, cols)
-
-    def _ivf_setup(self):
-        """Spherical k-means lists of the columns; each list probes its ``nprobe`` nearest lists."""
-        n, nlist = self.x.shape[0], self.nlist
-        nprobe = int(min(max(1, self.nprobe), nlist))
-        xt, yt = self._tensors()
-        cent = _kmeans(yt, nlist, self.seed)
-
-        def assign(t):
-            return torch.cat([matmul_fp32(t[s:s + 65536], cent.T.to(t.dtype)).argmax(1)
-                              for s in range(0, n, 65536)])
-
-        col_list = assign(yt)
-        row_list = col_list if self.x is self.y else assign(xt)
-        probe = (cent @ cent.T).topk(nprobe, dim=1).indices.cpu()
-
-        def lists(labels):
-            order = torch.argsort(labels, stable=True)
-            start = torch.zeros(nlist + 1, dtype=torch.int64)
-            start[1:] = torch.bincount(labels, minlength=nlist).cumsum(0).cpu()
-            return order, start
-
-        self._ivf = (xt, yt, probe, lists(col_list), lists(row_list))
-
-    def _ivf_pairs(self, start: int, end: int):
-        """Cost about N * (nprobe / nlist) * N * d instead of N^2 d (module docstring)."""
-        if self._ivf is None:
-            self._ivf_setup()
-        xt, yt, probe, (col_order, col_start), (row_order, row_start) = self._ivf
-        rows, cols = [], []
-        for c in range(start, end):
-            r_ids = row_order[row_start[c]:row_start[c + 1]]
-            if r_ids.numel() == 0:
-                continue
-            c_ids = torch.cat([col_order[col_start[p]:col_start[p + 1]]
-                               for p in probe[c].tolist()])
-            sims = matmul_fp32(xt[r_ids], yt[c_ids].T)
-            r, k = torch.nonzero(sims > self.threshold, as_tuple=True)
-            rr, cc = r_ids[r], c_ids[k]
-            keep = rr != cc
-            rows.append(rr[keep].cpu().numpy())
-            cols.append(cc[keep].cpu().numpy())
-        return _concat(rows, cols)
-
-    def _faiss_pairs(self, start: int, end: int):
-        try:
-            import faiss
-        except ImportError as exc:
-            raise ImportError("method='faiss' needs faiss: pip install faiss-cpu "
-                              "(or use method='ivf')") from exc
-        x, y = self.x, self.y
-        n, d = y.shape
-        if self._faiss is None:
-            quantizer = faiss.IndexFlatIP(d)
-            index = faiss.IndexIVFFlat(quantizer, d, self.nlist, faiss.METRIC_INNER_PRODUCT)
-            sample = _rng.permutation(n, _rng.derive_seed(self.seed, 0x1BF))[:64 * self.nlist]
-            index.cp.seed = int(self.seed) & 0x7FFFFFFF
-            index.train(y[np.sort(sample)])
-            index.add(y)
-            index.nprobe = min(self.nprobe, self.nlist)
-            self._faiss = index
-        lo, hi = start * self.per, min(n, end * self.per)
-        lims, _, ids = self._faiss.range_search(x[lo:hi], self.threshold)
-        rows = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(lims.astype(np.int64)))
-        cols = ids.astype(np.int64)
-        keep = rows != cols
-        return rows[keep], cols[keep]
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} must be 'auto', 'exact', 'ivf', 'faiss' or "
+                         "'partition'")
+    if method != "auto":
+        return method
+    return "exact" if n <= AUTO_EXACT_MAX_ITEMS else (
+        "ivf" if n <= AUTO_IVF_MAX_ITEMS else "partition")
 
 
-def thresholded_pairs(x: np.ndarray, y: np.ndarray, threshold: float,
-                      method: Literal["exact", "ivf", "faiss"] = "exact", *,
-                      nlist: int | None = None, nprobe: int = 8, seed: int = 0,
-                      device: str | torch.device | None = None,
-                      precision: Precision = "fp32") -> tuple[np.ndarray, np.ndarray]:
-    """Index pairs (i, j), i != j, with ``x_i . y_j > threshold`` (``"ivf"``, ``"faiss"``: approximately).
+def resolve_build(method: str, min_partners: int | None, partitions: int | None,
+                  n: int) -> tuple[str, int, int | None]:
+    """(method, min_partners, partitions) of a build of N items, defaults resolved and checked.
 
-    Memory: O(nnz) pairs plus one block of similarities on ``device``.
+    ``"auto"`` becomes a method (:func:`resolve_method`); its ``"partition"`` uses cells of
+    ``AUTO_CELL_ITEMS`` items unless ``partitions`` is given (checked for ``"partition"``
+    only). Meant to be shared with :func:`hardbatch.distributed.gcbs_permutation`.
     """
-    plan = PairSearchPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
-                     device=device, precision=precision)
-    return plan.pairs(0, plan.num_units)
+    if method == "auto" and partitions is None:
+        partitions = -(-n // AUTO_CELL_ITEMS)
+    method = resolve_method(method, n)
+    if method == "partition":
+        partitions = partition_count(n, partitions)
+    return method, check_min_partners(min_partners, n), partitions
+
+
+def default_interleave(batch_size: int) -> int:
+    """Chunk length for batches of B items: B / 8 (8 chunks per batch), at least 8; 0 below 16.
+
+    Chosen on the exploration sets of docs/gcbs.md (B = 256): the shortest chunk costing at
+    most 3% of the batch hardness of the uninterleaved order (32).
+    """
+    b = check_int(batch_size, "batch_size", low=1)
+    return 0 if b < 16 else max(8, b // 8)
 
 
 class GCBSSetup(NamedTuple):
@@ -285,8 +182,7 @@ def gcbs_setup(embeddings, paired, quantile: float, method: str, seed: int, nlis
     Shared by :func:`gcbs_permutation` and :func:`hardbatch.distributed.gcbs_permutation`.
     The threshold is None for a single item (its order is ``[0]``).
     """
-    if method not in ("exact", "ivf", "faiss", "partition"):
-        raise ValueError(f"method={method!r} must be 'exact', 'ivf', 'faiss' or 'partition'")
+    resolve_method(method, 1)  # checks the name
     nlist, nprobe = check_search_args(nlist, nprobe)
     x = as_embeddings(embeddings, "embeddings", normalize=True)
     if paired is None:
@@ -304,25 +200,32 @@ def gcbs_setup(embeddings, paired, quantile: float, method: str, seed: int, nlis
     return GCBSSetup(x, y, threshold, nlist, nprobe)
 
 
-def rcm_order(rows: np.ndarray, cols: np.ndarray, n: int, seed: int) -> torch.Tensor:
-    """Step 3: symmetrised pattern, seeded random relabelling, reverse Cuthill-McKee."""
+def rcm_order(rows: np.ndarray, cols: np.ndarray, n: int, seed: int,
+              log: BuildLog | None = None) -> torch.Tensor:
+    """Step 3: symmetrised pattern, seeded random relabelling, reverse Cuthill-McKee.
+
+    ``log``: the build's :class:`~hardbatch._logging.BuildLog`, told the bytes held here.
+    """
     # Random relabelling: RCM breaks ties (start node, equal degrees) by label.
     relabel = _rng.permutation(n, _rng.derive_seed(seed, 0x3C3))
     inverse = np.empty(n, np.int64)
     inverse[relabel] = np.arange(n)
     r, c = inverse[rows], inverse[cols]
     adj = sp.coo_matrix((np.ones(len(r), np.int8), (r, c)), shape=(n, n)).tocsr()
-    adj = (adj + adj.T).tocsr()
-    order = reverse_cuthill_mckee(adj, symmetric_mode=True)
+    sym = (adj + adj.T).tocsr()
+    if log is not None:
+        log.hold(rows.nbytes, cols.nbytes, r.nbytes, c.nbytes,
+                 *(a.nbytes for m in (adj, sym) for a in (m.data, m.indices, m.indptr)))
+    order = reverse_cuthill_mckee(sym, symmetric_mode=True)
     return torch.from_numpy(relabel[np.asarray(order, np.int64)])
 
 
 class PartitionPlan:
     """Partitioned GCBS: coarse k-means cells, exact pairs + RCM within each, cells chained.
 
-    Items are put in the cell of their nearest centroid (spherical k-means on
-    ``y``, :func:`_kmeans`); cells are visited along a greedy nearest-centroid
-    chain from cell 0, so consecutive cells are similar; within a cell the
+    Items are put in the cell of their nearest centroid (spherical k-means on ``y``,
+    :func:`~hardbatch.pair_search.spherical_kmeans`); cells are visited along a greedy
+    nearest-centroid chain from cell 0, so consecutive cells are similar; within a cell the
     pairs above the global ``threshold`` are found exactly and ordered by
     reverse Cuthill-McKee (:func:`rcm_order`). Pairs across cells are dropped.
     Cost about N^2 d / P for P balanced cells, memory O(N*d + nnz of one cell).
@@ -335,16 +238,17 @@ class PartitionPlan:
     """
 
     def __init__(self, x: np.ndarray, y: np.ndarray, threshold: float, partitions: int,
-                 seed: int, device, precision: str) -> None:
+                 seed: int, device, precision: str, min_partners: int | None = None) -> None:
         self.x, self.y, self.threshold, self.seed = x, y, threshold, seed
         self.device, self.precision = device, precision
+        self.min_partners = check_min_partners(min_partners, x.shape[0])
         n = x.shape[0]
         if partitions == 1:
             cell = torch.zeros(n, dtype=torch.int64)
             sim = torch.ones(1, 1)
         else:
             dev = resolve_device(device)
-            cent = _kmeans(torch.from_numpy(y).to(dev), partitions, seed)
+            cent = spherical_kmeans(torch.from_numpy(y).to(dev), partitions, seed)
             cell = self.assign(x, cent)
             sim = (cent @ cent.T).cpu()
         chain, left = [0], set(range(1, partitions))
@@ -378,21 +282,56 @@ class PartitionPlan:
         cuts = np.maximum.accumulate(cuts)
         return int(cuts[rank]), int(cuts[rank + 1])
 
-    def order(self, start: int, end: int) -> np.ndarray:
-        """Items of chain positions [start, end), each cell in its RCM order, int64."""
+    def order(self, start: int, end: int, bar=NO_BAR, log: BuildLog | None = None) -> np.ndarray:
+        """Items of chain positions [start, end), each cell in its RCM order, int64.
+
+        Within a cell, ``min_partners`` are the strongest pairs inside the cell.
+        ``bar.update(1)`` per cell; ``log`` is told the bytes held per cell.
+        """
         out = [np.empty(0, np.int64)]
         for c in self.chain[start:end]:
             idx = self.members[self.start[c]:self.start[c + 1]]
+            bar.update(1)
             if len(idx) <= 1:
                 out.append(idx)
                 continue
             xs = np.ascontiguousarray(self.x[idx])
             ys = xs if self.y is self.x else np.ascontiguousarray(self.y[idx])
-            rows, cols = thresholded_pairs(xs, ys, self.threshold, "exact", device=self.device,
-                                           precision=self.precision)
+            plan = PairSearchPlan(xs, ys, self.threshold, "exact", nlist=None, nprobe=1,
+                                  seed=0, device=self.device, precision=self.precision,
+                                  min_partners=min(self.min_partners, len(idx) - 1))
+            rows, cols = plan.pairs(0, plan.num_units)
+            if log is not None:
+                log.hold(plan.block_bytes + xs.nbytes + ys.nbytes, rows.nbytes, cols.nbytes)
             seed = self.seed if len(self.chain) == 1 else _rng.derive_seed(self.seed, c)
-            out.append(idx[rcm_order(rows, cols, len(idx), seed).numpy()])
+            out.append(idx[rcm_order(rows, cols, len(idx), seed, log).numpy()])
         return np.concatenate(out).astype(np.int64, copy=False)
+
+
+def interleave_chunks(order: np.ndarray | torch.Tensor, chunk: int) -> np.ndarray:
+    """Cut ``order`` into chunks of ``chunk`` consecutive items and deal the chunks apart.
+
+    Chunk j of the result is chunk ``(j * s) mod C`` of ``order`` (C chunks, s the integer
+    nearest to C / golden ratio that is coprime with C): consecutive chunks come from far
+    apart in ``order`` (a low-discrepancy sequence), so any batch of ``B >= 2 * chunk``
+    consecutive items holds about ``B / chunk`` chunks from different regions. Each item
+    keeps the neighbours it has inside its chunk (the batch stays hard) while the chunks of
+    a dense region (near-duplicates) spread over many batches (docs/gcbs.md). ``chunk=0``
+    or ``chunk >= N`` returns ``order`` unchanged. Returns int64 [N].
+    """
+    order = np.asarray(order, np.int64)
+    chunk = check_int(chunk, "interleave", low=0)
+    n = len(order)
+    if chunk == 0 or chunk >= n:
+        return order
+    count = -(-n // chunk)
+    step = max(1, round(count / 1.618033988749895))
+    while np.gcd(step, count) != 1:
+        step += 1
+    starts = (np.arange(count) * step % count) * chunk
+    lengths = np.minimum(chunk, n - starts)
+    idx = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(n)
+    return order[idx]
 
 
 def partition_count(n: int, partitions: int | None) -> int:
@@ -403,11 +342,11 @@ def partition_count(n: int, partitions: int | None) -> int:
 
 def gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.999,
                      paired: torch.Tensor | np.ndarray | None = None, *,
-                     method: Literal["exact", "ivf", "faiss", "partition"] = "exact",
-                     seed: int = 0, nlist: int | None = None, nprobe: int = 8,
-                     partitions: int | None = None,
-                     device: str | torch.device | None = None,
-                     precision: Precision = "fp32") -> torch.Tensor:
+                     method: Literal["auto", "exact", "ivf", "faiss", "partition"] = "auto",
+                     min_partners: int | None = None, seed: int = 0,
+                     nlist: int | None = None, nprobe: int = 8, partitions: int | None = None,
+                     device: str | torch.device | None = None, precision: Precision = "fp32",
+                     interleave: int = 0, progress: bool | None = None) -> torch.Tensor:
     """GCBS item order: batches cut sequentially from it group strongly similar pairs.
 
     Args:
@@ -416,37 +355,64 @@ def gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.
             of ``X Y^T`` become edges (paper: 0.999; Appendix J scales it so
             about ``2B`` entries per row survive).
         paired: Y, [N, d] paired with X row by row, or None for ``Y = X``.
-        method: ``"exact"`` (blocked dense), ``"ivf"`` (clustered, approximate),
-            ``"faiss"`` (faiss IVF range search, approximate) or ``"partition"``
-            (for N in the millions: coarse k-means cells, exact pairs and reverse
-            Cuthill-McKee within each cell, cells chained by centroid similarity;
-            pairs across cells are dropped).
+        method: ``"auto"`` (default: ``"exact"`` up to 5,000 items, ``"ivf"`` up to
+            1,000,000, ``"partition"`` in cells of ~10,000 beyond; docs/gcbs.md),
+            ``"exact"`` (blocked dense),
+            ``"ivf"`` (clustered, approximate), ``"faiss"`` (faiss IVF range search,
+            approximate) or ``"partition"`` (for N in the millions: coarse k-means cells,
+            exact pairs and reverse Cuthill-McKee within each cell, cells chained by
+            centroid similarity; pairs across cells are dropped).
+        min_partners: k, each item also keeps its k strongest pairs (its k nearest
+            neighbours by ``x_i . y_j``) when fewer than k of its pairs pass the threshold,
+            so no item is left without an edge and the epoch has no random tail
+            (docs/gcbs.md). Default None: ``min(16, N - 1)``; 0: the paper's graph.
         seed: seeds the quantile sample and the random relabelling that breaks
             ties in reverse Cuthill-McKee (so epochs with equal embeddings differ).
         nlist, nprobe: inverted lists (default sqrt(N)) and lists probed per list
             (positive integers; ``nprobe >= nlist`` probes every list).
-        partitions: cells of ``"partition"`` (default ceil(N / 100,000)).
+        partitions: cells of ``"partition"`` (default ceil(N / 100,000); with
+            ``method="auto"``: ceil(N / 10,000)).
         device: where the products run (``"cuda"``: threshold, pairs; the ordering
             stays on the CPU).
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` products (fp32 accumulation).
+        interleave: c > 0 deals chunks of c consecutive items of the order apart
+            (:func:`interleave_chunks`), so that a batch of B items holds B / c chunks from
+            different regions instead of one dense region (no batches of near-duplicates;
+            docs/gcbs.md: c = B / 8). Default 0: the GCBS order itself.
+        progress: a tqdm bar over the pair search's blocks (True), none (False), or
+            (None) when stderr is a terminal; shown once a build runs past 2 s.
 
     Returns:
         int64 tensor [N], a permutation of ``range(N)``.
 
-    Memory: the embeddings (on ``device``), the quantile sample (80 MB), one
-    block, and O(nnz) pairs, about (1 - quantile) * N^2 (N = 1M, q = 0.999:
-    10^9 pairs, 16 GB of int64 indices: raise the quantile at that scale,
+    Logs one INFO record on the ``hardbatch.gcbs`` logger (N, d, method, seconds, peak
+    extra memory, pairs). Memory: the embeddings (on ``device``), the quantile sample
+    (80 MB), one block, and O(nnz) pairs, about (1 - quantile) * N^2 + k N (N = 1M,
+    q = 0.999: 10^9 pairs, 16 GB of int64 indices: raise the quantile at that scale,
     Appendix J).
     """
-    x, y, threshold, nlist, nprobe = gcbs_setup(embeddings, paired, quantile, method, seed, nlist,
-                                                nprobe, device, precision)
-    n = x.shape[0]
-    if threshold is None:
-        return torch.zeros(1, dtype=torch.int64)
-    if method == "partition":
-        plan = PartitionPlan(x, y, threshold, partition_count(n, partitions), seed, device,
-                              precision)
-        return torch.from_numpy(plan.order(0, len(plan.chain)))
-    rows, cols = thresholded_pairs(x, y, threshold, method, nlist=nlist, nprobe=nprobe,
-                                   seed=seed, device=device, precision=precision)
-    return rcm_order(rows, cols, n, seed)
+    with BuildLog(_LOG, "gcbs_permutation", method=method) as log:
+        x, y, threshold, nlist, nprobe = gcbs_setup(embeddings, paired, quantile, method, seed,
+                                                    nlist, nprobe, device, precision)
+        n, d = x.shape
+        method, k, partitions = resolve_build(method, min_partners, partitions, n)
+        interleave = check_int(interleave, "interleave", low=0)
+        log.set(n=n, d=d, method=method, quantile=quantile, min_partners=k)
+        if threshold is None:
+            return torch.zeros(1, dtype=torch.int64)
+        log.hold(2 * min(n * n, _QUANTILE_SAMPLE + n) * 4)  # the sample's blocks + concatenation
+        if method == "partition":
+            plan = PartitionPlan(x, y, threshold, partitions, seed, device, precision, k)
+            bar = progress_bar(len(plan.chain), "gcbs cells", progress)
+            order = plan.order(0, len(plan.chain), bar, log)
+            bar.close()
+            return torch.from_numpy(interleave_chunks(order, interleave))
+        plan = PairSearchPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
+                              device=device, precision=precision, min_partners=k)
+        bar = progress_bar(plan.num_units, f"gcbs {method} pairs", progress)
+        rows, cols = plan.pairs(0, plan.num_units, bar)
+        bar.close()
+        log.hold(plan.block_bytes, 2 * (rows.nbytes + cols.nbytes))  # lists + concatenation
+        log.set(pairs=len(rows))
+        order = rcm_order(rows, cols, n, seed, log)
+        return torch.from_numpy(interleave_chunks(order, interleave)) if interleave else order

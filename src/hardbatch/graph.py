@@ -69,11 +69,14 @@ from numba import njit
 
 from . import _rng
 from ._device import Precision, block_elements, check_precision, matmul_fp32, resolve_device
+from ._logging import NO_BAR, BuildLog, get_logger, progress_bar
 from ._rng import rand_below, rand_unit
 from ._validation import as_embeddings, check_int
 
 __all__ = ["KNNGraphPlan", "ProximityGraphPlan", "candidate_pools", "check_graph_sizes",
            "default_group_size", "knn_graph", "proximity_graph"]
+
+_LOG = get_logger("graph")
 
 
 def default_group_size(candidates: int, num_items: int) -> int:
@@ -251,13 +254,14 @@ class ProximityGraphPlan:
                              // (self.candidates * max(self.g, x.shape[1])))
         self.num_blocks = -(-self.n_groups // self.per_block)
         self.x = x
+        self.block_bytes = 0  # largest block so far: similarities, gathered rows, top-k
 
-    def rows(self, block_start: int, block_end: int,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+    def rows(self, block_start: int, block_end: int, out: torch.Tensor | None = None,
+             bar=NO_BAR) -> torch.Tensor:
         """Neighbour rows [n_items, K] (CPU int64) of the items of blocks [start, end), in group order.
 
         With ``out`` ([N, K]) the rows are written into it in place (no second copy)
-        and ``out`` is returned.
+        and ``out`` is returned. ``bar.update(1)`` after each block.
         """
         emb = torch.from_numpy(self.x).to(self.device, self.dtype)
         m, k, g = self.candidates, self.neighbors, self.g
@@ -272,11 +276,14 @@ class ProximityGraphPlan:
             sims = matmul_fp32(query.view(blk, g, -1), cand.transpose(1, 2))
             top = sims.topk(k, dim=2, sorted=True).indices
             ids = torch.gather(pool.unsqueeze(1).expand(blk, g, m), 2, top).reshape(-1, k)
+            self.block_bytes = max(self.block_bytes, sum(
+                t.numel() * t.element_size() for t in (pool, cand, query, sims, top, ids)))
             valid = mem.reshape(-1) >= 0
             if out is not None:
                 out[mem.reshape(-1)[valid]] = ids[valid.to(self.device)].cpu()
             else:
                 parts.append(ids[valid.to(self.device)].cpu())
+            bar.update(1)
         if out is not None:
             return out
         return torch.cat(parts) if parts else torch.empty((0, k), dtype=torch.int64)
@@ -295,7 +302,7 @@ class ProximityGraphPlan:
 def proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 1000,
                     neighbors: int = 100, seed: int = 0, *,
                     group_size: int | None = None, device: str | torch.device | None = None,
-                    precision: Precision = "fp32") -> torch.Tensor:
+                    precision: Precision = "fp32", progress: bool | None = None) -> torch.Tensor:
     """Proximity graph (BatchSampler Algorithm 2, eq. 3).
 
     For every item, M = ``candidates`` items are drawn uniformly without
@@ -314,16 +321,27 @@ def proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 100
             same on every device.
         precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"`` (half-precision
             inputs, fp32 accumulation; may change neighbours in near-ties).
+        progress: a tqdm bar over the blocks (True), none (False), or (None) when
+            stderr is a terminal; shown once a build runs past 2 s.
 
     Returns:
         int64 CPU tensor [N, K]; row i holds i's neighbours by decreasing similarity.
 
+    Logs one INFO record on ``hardbatch.graph`` (N, d, method, seconds, peak extra memory).
     Memory: O(N*K) output, O(N*M/g) pool ids (int32), the embeddings on
     ``device`` (N*d in the chosen precision) and one block of at most about 4M (CPU)
     or 64M (CUDA) similarities and as many floats of gathered candidate embeddings.
     """
-    plan = ProximityGraphPlan(embeddings, candidates, neighbors, seed, group_size, device, precision)
-    return plan.rows(0, plan.num_blocks, out=plan.empty())
+    with BuildLog(_LOG, "proximity_graph", method="proximity") as log:
+        plan = ProximityGraphPlan(embeddings, candidates, neighbors, seed, group_size, device,
+                                  precision)
+        log.set(n=plan.num_items, d=plan.x.shape[1], candidates=plan.candidates,
+                neighbors=plan.neighbors, group_size=plan.g)
+        bar = progress_bar(plan.num_blocks, "proximity graph", progress)
+        out = plan.rows(0, plan.num_blocks, out=plan.empty(), bar=bar)
+        bar.close()
+        log.hold(out.nbytes, plan.pools.nbytes, plan.members.nbytes, plan.block_bytes)
+        return out
 
 
 _KNN_METHODS = ("exact", "faiss", "faiss-ivf")
@@ -350,14 +368,17 @@ class KNNGraphPlan:
             self.rows_per_block = max(self.rows_per_block, 16384)
         self.num_blocks = -(-n // self.rows_per_block)
         self._index = None
+        self.block_bytes = 0  # largest block so far: similarities, top-k values and indices
 
-    def rows(self, block_start: int, block_end: int) -> torch.Tensor:
-        """Neighbour rows [end - start, K] (CPU int64) of the items of row blocks [start, end)."""
+    def rows(self, block_start: int, block_end: int, bar=NO_BAR) -> torch.Tensor:
+        """Neighbour rows [end - start, K] (CPU int64) of the items of row blocks [start, end).
+
+        ``bar.update(1)`` after each block."""
         start = min(self.num_items, block_start * self.rows_per_block)
         end = min(self.num_items, block_end * self.rows_per_block)
         out = torch.empty((end - start, self.neighbors), dtype=torch.int64)
         if self.method != "exact":
-            return self._faiss_rows(start, end, out)
+            return self._faiss_rows(start, end, out, bar)
         emb = torch.from_numpy(self.x).to(self.device, self.dtype)
         for s in range(start, end, self.rows_per_block):
             e = min(end, s + self.rows_per_block)
@@ -365,9 +386,11 @@ class KNNGraphPlan:
             sims[torch.arange(e - s, device=self.device),
                  torch.arange(s, e, device=self.device)] = -torch.inf
             out[s - start:e - start] = sims.topk(self.neighbors, dim=1, sorted=True).indices.cpu()
+            self.block_bytes = max(self.block_bytes, sims.nbytes + (e - s) * self.neighbors * 12)
+            bar.update(1)
         return out
 
-    def _faiss_rows(self, start: int, end: int, out: torch.Tensor) -> torch.Tensor:
+    def _faiss_rows(self, start: int, end: int, out: torch.Tensor, bar=NO_BAR) -> torch.Tensor:
         try:
             import faiss
         except ImportError as exc:
@@ -398,13 +421,16 @@ class KNNGraphPlan:
             # Drop the item itself (wherever it appears) or else the last of the K + 1.
             own[~own.any(axis=1), k] = True
             out[s - start:e - start] = torch.from_numpy(ids[~own].reshape(e - s, k))
+            self.block_bytes = max(self.block_bytes, x.nbytes + (e - s) * (k + 1) * 13)
+            bar.update(-(-(e - s) // self.rows_per_block))
         return out
 
 
 def knn_graph(embeddings: torch.Tensor | np.ndarray, neighbors: int = 100, *,
               method: Literal["exact", "faiss", "faiss-ivf"] = "exact",
               device: str | torch.device | None = None, precision: Precision = "fp32",
-              nlist: int | None = None, nprobe: int = 16, seed: int = 0) -> torch.Tensor:
+              nlist: int | None = None, nprobe: int = 16, seed: int = 0,
+              progress: bool | None = None) -> torch.Tensor:
     """Exact K-nearest-neighbour graph by inner product, excluding self (the paper's "kNN graph").
 
     Args:
@@ -418,13 +444,22 @@ def knn_graph(embeddings: torch.Tensor | np.ndarray, neighbors: int = 100, *,
         device, precision: as in :func:`proximity_graph` (``"exact"`` only for precision).
         nlist, nprobe, seed: inverted lists (default min(N/39, 4 sqrt(N))), lists
             probed per query, and the training-sample seed of ``"faiss-ivf"``.
+        progress: a tqdm bar over the row blocks, as in :func:`proximity_graph`.
 
     Returns:
         int64 CPU tensor [N, K], row i by decreasing similarity to item i (ties
         and the approximate method may order/choose differently).
 
+    Logs one INFO record on ``hardbatch.graph`` (N, d, method, seconds, peak extra memory).
     Memory: O(N*K) output plus the embeddings and one block of about 4M (CPU)
     or 64M (CUDA) similarities; faiss adds its index (N*d floats).
     """
-    plan = KNNGraphPlan(embeddings, neighbors, method, device, precision, nlist, nprobe, seed)
-    return plan.rows(0, plan.num_blocks)
+    with BuildLog(_LOG, "knn_graph", method=method) as log:
+        plan = KNNGraphPlan(embeddings, neighbors, method, device, precision, nlist, nprobe,
+                            seed)
+        log.set(n=plan.num_items, d=plan.x.shape[1], neighbors=plan.neighbors)
+        bar = progress_bar(plan.num_blocks, f"kNN graph ({method})", progress)
+        out = plan.rows(0, plan.num_blocks, bar)
+        bar.close()
+        log.hold(out.nbytes, plan.block_bytes)
+        return out

@@ -4,7 +4,10 @@ Draws ``--batches`` batches from each requested sampler configuration, computes 
 of :mod:`hardbatch.metrics` (hardness, false-negative rate when labels are given, duplicate
 rate, coverage of the drawn batches, mean in-batch similarity, sampler time; optionally the
 global-vs-batch NT-Xent loss gap), prints a markdown table and writes ``inspect.json``,
-``inspect.md`` and ``similarity_histograms.png`` into ``--out``.
+``inspect.md`` and ``similarity_histograms.png`` into ``--out``. With ``--reference FILE`` the
+similarity figures are measured in that fixed embedding too (``ref.`` columns,
+``reference_similarity_histograms.png``): batches built from one embedding (or by samplers run
+on different ones) compare in one coordinate system.
 
 ``hardbatch.cli`` wires it in with :func:`add_inspect_parser`; ``python -m
 hardbatch.inspect_cli EMBEDDINGS ...`` runs it standalone. Input problems (missing file,
@@ -24,26 +27,28 @@ from pathlib import Path
 
 import numpy as np
 
-from .cli_types import open_probability, positive_float, positive_int, probability
+from .cli_types import open_probability, positive_int, probability, temperature
 from .graph import check_graph_sizes
+from .metrics.files import load_reference, read_embeddings_file, read_labels_file
 from .registry import make_sampler, parse_names
 
 __all__ = ["add_inspect_parser", "build_parser", "main", "run_inspect"]
 
-EMBEDDING_EXTENSIONS = (".npy", ".npz", ".pt", ".pth")
-LABEL_EXTENSIONS = (".npy", ".npz", ".pt", ".pth", ".txt", ".csv")
 DEFAULT_BATCH_SIZE, DEFAULT_CANDIDATES, DEFAULT_NEIGHBORS = 512, 1000, 100
 
 DESCRIPTION = """\
 Compare hard-negative batch samplers on fixed embeddings (no training): draws --batches batches
 from each sampler and reports hardness (mean top-1 in-batch cosine), mean in-batch cosine,
 false-negative rate (with --labels), duplicate rate, coverage and sampler time, as a markdown
-table plus inspect.json, inspect.md and similarity_histograms.png in --out."""
+table plus inspect.json, inspect.md and similarity_histograms.png in --out. --reference FILE
+measures the same batches in a fixed reference embedding too (one coordinate system for
+every sampler: e.g. a pretrained encoder's embeddings of the same N items)."""
 
 EPILOG = """\
 EMBEDDINGS: .npy, .npz (array 'embeddings' if present, else the first), .pt/.pth (a tensor or a
 dict with key 'embeddings'); shape [N, d]. --labels: .npy/.npz/.pt (key 'labels' if a dict or
-npz holds it) or .txt/.csv with one label per line; N entries.
+npz holds it) or .txt/.csv with one label per line; N entries. --reference: like EMBEDDINGS,
+[N, d'] with one row per item in the same order (d' may differ).
 --batch-size, --candidates and --neighbors left at their defaults are lowered to fit small N.
 example: hardbatch inspect emb.npy --labels labels.npy --sampler uniform,proximity --out report"""
 
@@ -60,6 +65,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="item embeddings [N, d]: .npy, .npz or .pt")
     parser.add_argument("--labels", metavar="FILE", default=None,
                         help="class labels [N] (.npy/.npz/.pt/.txt) for the false-negative rate")
+    parser.add_argument("--reference", metavar="FILE", default=None,
+                        help="fixed reference embedding [N, d'] (.npy/.npz/.pt) in which "
+                             "hardness, mean similarity, near-duplicate rate and loss gap are "
+                             "measured too (ref. columns)")
     parser.add_argument("--sampler", default="all", metavar="NAME[,NAME]",
                         help="samplers to compare: uniform, knn, proximity, gcbs or all; "
                              "several comma-separated, e.g. uniform,gcbs (default: all)")
@@ -86,7 +95,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss-gap", action="store_true",
                         help="also compute the global-vs-batch NT-Xent loss gap of the drawn "
                              "batches (O(N^2 d); about a minute at N = 100k on 2 cores)")
-    parser.add_argument("--temperature", type=positive_float, default=0.5, metavar="T",
+    parser.add_argument("--temperature", type=temperature, default=0.5, metavar="T",
                         help="temperature of --loss-gap (default 0.5)")
     parser.add_argument("--out", default="hardbatch-inspect", metavar="DIR",
                         help="output folder (default ./hardbatch-inspect)")
@@ -115,96 +124,14 @@ def build_parser(prog: str = "hardbatch inspect") -> argparse.ArgumentParser:
 # ---------------------------------------------------------------------------------------------
 # loading
 # ---------------------------------------------------------------------------------------------
-def _check_file(path: str, what: str, extensions: tuple[str, ...]) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise InspectError(f"{what} file not found: {path}")
-    if not p.is_file():
-        raise InspectError(f"{what} path is not a file: {path}")
-    suffix = p.suffix.lower()
-    if suffix not in extensions:
-        raise InspectError(f"{what} file {path} has extension {suffix or '(none)'!r}; use one "
-                           f"of {', '.join(extensions)}")
-    return p
-
-
-def _load_array(p: Path, key: str, what: str):
-    suffix = p.suffix.lower()
-    try:
-        if suffix == ".npy":
-            return np.load(p, allow_pickle=False)
-        if suffix == ".npz":
-            with np.load(p, allow_pickle=False) as archive:
-                names = list(archive.files)
-                if not names:
-                    raise InspectError(f"{what} file {p} holds no arrays")
-                return archive[key if key in names else names[0]]
-        if suffix in (".pt", ".pth"):
-            import torch
-
-            obj = torch.load(p, map_location="cpu", weights_only=True)
-            if isinstance(obj, dict):
-                if key not in obj:
-                    raise InspectError(f"{what} file {p} holds a dict without key {key!r} "
-                                       f"(keys: {', '.join(map(str, list(obj)[:10]))}); save "
-                                       f"{{'{key}': tensor}} or the tensor itself")
-                obj = obj[key]
-            if isinstance(obj, torch.Tensor):
-                obj = obj.detach()
-                if obj.is_floating_point() and obj.dtype != torch.float64:
-                    obj = obj.float()
-                return obj.numpy()
-            return np.asarray(obj)
-        lines = [ln.strip() for ln in p.read_text().splitlines()]
-        lines = [ln for ln in lines if ln]
-        try:
-            return np.array([int(ln) for ln in lines], dtype=np.int64)
-        except ValueError:
-            return np.array(lines)
-    except InspectError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any reader failure: corrupt/unreadable file
-        raise InspectError(f"could not read {what} file {p}: {type(exc).__name__}: {exc}"
-                           ) from None
-
-
 def load_embeddings(path: str) -> np.ndarray:
     """[N, d] float32 embeddings from .npy / .npz / .pt (see the module docstring)."""
-    p = _check_file(path, "embeddings", EMBEDDING_EXTENSIONS)
-    x = _load_array(p, "embeddings", "embeddings")
-    if x.ndim != 2:
-        raise InspectError(f"embeddings in {path} must be 2-D [N, d], got shape "
-                           f"{tuple(x.shape)}; save one row per item")
-    if x.shape[0] < 2 or x.shape[1] < 1:
-        raise InspectError(f"embeddings in {path} have shape {tuple(x.shape)}; need at least "
-                           "2 items with at least 1 feature")
-    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)) \
-            or x.dtype == bool:
-        raise InspectError(f"embeddings in {path} must be numeric, got dtype {x.dtype}")
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    finite = np.isfinite(x).all(axis=1)
-    if not finite.all():
-        raise InspectError(f"embeddings in {path} contain NaN or inf (first at row "
-                           f"{int(np.flatnonzero(~finite)[0])})")
-    return x
+    return read_embeddings_file(path)
 
 
 def load_labels(path: str, num_items: int) -> np.ndarray:
     """[N] labels from .npy / .npz / .pt / .txt (one per line)."""
-    p = _check_file(path, "labels", LABEL_EXTENSIONS)
-    y = _load_array(p, "labels", "labels")
-    if y.ndim == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    if y.ndim != 1:
-        raise InspectError(f"labels in {path} must be 1-D [N], got shape {tuple(y.shape)}"
-                           + ("; for one-hot labels save labels.argmax(1)" if y.ndim == 2 else ""))
-    if y.shape[0] != num_items:
-        raise InspectError(f"labels in {path} have {y.shape[0]} entries but the embeddings have "
-                           f"{num_items} rows; pass one label per item, in the same order")
-    if np.issubdtype(y.dtype, np.floating) and not np.isfinite(y).all():
-        raise InspectError(f"labels in {path} contain NaN or inf (first at position "
-                           f"{int(np.flatnonzero(~np.isfinite(y))[0])})")
-    return y
+    return read_labels_file(path, num_items)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,7 +238,8 @@ def _fmt(value, digits: int = 3) -> str:
     return text[1:] if text.startswith("-") and float(text) == 0 else text  # no "-0.000"
 
 
-def _markdown_table(rows: list[dict], has_labels: bool, has_gap: bool) -> str:
+def _markdown_table(rows: list[dict], has_labels: bool, has_gap: bool,
+                    has_reference: bool = False) -> str:
     cols = [("batches", "batches", 0), ("B", "batch_size", 0), ("hardness", "hardness", 3),
             ("mean neg. sim", "mean_negative_similarity", 3)]
     if has_labels:
@@ -320,6 +248,12 @@ def _markdown_table(rows: list[dict], has_labels: bool, has_gap: bool) -> str:
              ("sampler time (s)", "sampler_seconds", 3)]
     if has_gap:
         cols.append(("loss gap", "loss_gap", 3))
+    if has_reference:
+        cols += [("ref. hardness", "reference_hardness", 3),
+                 ("ref. mean neg. sim", "reference_mean_negative_similarity", 3),
+                 ("ref. near-dup rate", "reference_near_duplicate_rate", 3)]
+        if has_gap:
+            cols.append(("ref. loss gap", "reference_loss_gap", 3))
     lines = ["| sampler | " + " | ".join(c[0] for c in cols) + " |",
              "|---|" + "---:|" * len(cols)]
     for row in rows:
@@ -357,6 +291,7 @@ def _inspect(args) -> int:
     x = load_embeddings(args.embeddings)
     n, d = x.shape
     labels = None if args.labels is None else load_labels(args.labels, n)
+    ref = None if args.reference is None else load_reference(args.reference, n, "--reference")
     params, notes = _resolve_parameters(args, n, samplers)
     for note in notes:
         _progress(f"note: {note}")
@@ -369,10 +304,12 @@ def _inspect(args) -> int:
     gap = None
     if args.loss_gap:
         _progress(f"loss gap: global NT-Xent term over N={n} items (t={args.temperature:g}) ...")
-        gap = LossGap(x, args.temperature)
+        gap = LossGap(x, args.temperature, reference=ref)
         gap.global_losses  # noqa: B018 - computed now, under the progress message above
+        if gap.reference is not None:
+            gap.reference.global_losses  # noqa: B018
 
-    rows, results, histograms = [], {}, {}
+    rows, results, histograms, ref_histograms = [], {}, {}, {}
     for name in samplers:
         try:
             sampler, config = _make_sampler(name, x, params, args.seed)
@@ -384,9 +321,14 @@ def _inspect(args) -> int:
         t0 = time.perf_counter()
         batches = _draw(sampler, args.batches)
         seconds = time.perf_counter() - t0
-        stats = plan_stats(x, batches, labels, bins=args.bins)
+        stats = plan_stats(x, batches, labels, bins=args.bins, reference=ref)
         counts, edges = stats.pop("histogram")
         histograms[label] = (counts, edges)
+        extra = {}
+        if ref is not None:
+            ref_histograms[label] = stats.pop("reference_histogram")
+            extra["reference_histogram"] = {"counts": ref_histograms[label][0].tolist(),
+                                            "edges": ref_histograms[label][1].tolist()}
         row = {"sampler": name, "label": label, "batch_size": params["batch_size"],
                **config, **stats, "sampler_seconds": seconds,
                "seconds_per_batch": seconds / max(1, len(batches))}
@@ -394,11 +336,15 @@ def _inspect(args) -> int:
             plan_gap = gap(batches)
             row.update(loss_gap=plan_gap["gap"], global_loss=plan_gap["global_loss"],
                        batch_loss=plan_gap["batch_loss"])
+            if ref is not None:
+                row.update(reference_loss_gap=plan_gap["reference_gap"],
+                           reference_global_loss=plan_gap["reference_global_loss"],
+                           reference_batch_loss=plan_gap["reference_batch_loss"])
         rows.append(row)
         results[name] = {**row, "histogram": {"counts": counts.tolist(),
-                                              "edges": edges.tolist()}}
+                                              "edges": edges.tolist()}, **extra}
 
-    table = _markdown_table(rows, labels is not None, gap is not None)
+    table = _markdown_table(rows, labels is not None, gap is not None, ref is not None)
     header = [f"# hardbatch inspect: {args.embeddings}", "",
               f"N = {n} items, d = {d}, {args.batches} batches per sampler, seed {args.seed}"]
     chance = None
@@ -408,6 +354,9 @@ def _inspect(args) -> int:
         chance = float((cnt * (cnt - 1)).sum() / (n * (n - 1)))
         header.append(f"labels: {len(cnt)} classes; FN rate of random pairs (uniform "
                       f"expectation): {chance:.3f}")
+    if ref is not None:
+        header.append(f"reference: {args.reference} (d = {ref.shape[1]}); ref. columns measure "
+                      "the same batches in it (near-dup: pairs with cosine > 0.9)")
     if gap is not None:
         header.append(f"loss gap: mean over drawn items of global minus in-batch NT-Xent loss "
                       f"(t = {args.temperature:g}); global loss = {rows[0]['global_loss']:.3f}")
@@ -417,20 +366,25 @@ def _inspect(args) -> int:
         histograms, out_dir / "similarity_histograms.png",
         title=f"In-batch cosine similarity (N={n}, B={params['batch_size']}, "
               f"{args.batches} batches)")
+    files = {"plot": str(plot_path), "table": str(out_dir / "inspect.md")}
+    if ref is not None:
+        files["reference_plot"] = plot_similarity_histograms(
+            ref_histograms, out_dir / "reference_similarity_histograms.png",
+            title=f"In-batch cosine similarity in the reference ({Path(args.reference).name})")
     summary = {
-        "embeddings": str(args.embeddings), "labels": args.labels,
+        "embeddings": str(args.embeddings), "labels": args.labels, "reference": args.reference,
         "num_items": n, "dim": d, "num_classes": None if labels is None else len(np.unique(labels)),
         "chance_false_negative_rate": chance,
         "parameters": {**params, "batches": args.batches, "seed": args.seed, "bins": args.bins,
                        "temperature": args.temperature if args.loss_gap else None},
         "notes": notes, "samplers": results,
-        "files": {"plot": str(plot_path), "table": str(out_dir / "inspect.md")},
+        "files": files,
     }
     (out_dir / "inspect.md").write_text(report)
     with open(out_dir / "inspect.json", "w") as fh:
         json.dump(_jsonable(summary), fh, indent=2)
     print(report, end="")
-    print(f"\nwrote {out_dir / 'inspect.json'}, {out_dir / 'inspect.md'}, {plot_path}")
+    print(f"\nwrote {out_dir / 'inspect.json'}, {', '.join(files.values())}")
     return 0
 
 

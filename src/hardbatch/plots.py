@@ -106,13 +106,19 @@ def plot_similarity_histograms(histograms: Mapping[str, tuple[Sequence, Sequence
 
 
 def plot_metric_curves(curves: Mapping[str, tuple[Sequence, Sequence]], path, ylabel: str,
-                       title: str = "", xlabel: str = "training step") -> str:
+                       title: str = "", xlabel: str = "training step", *,
+                       events: Mapping[str, Sequence] | None = None,
+                       event_label: str = "rebuild", note: str = "") -> str:
     """One line per sampler of a diagnostic over training (BatchSampler Fig. 4 right).
 
     Args:
         curves: ``{name: (steps [T], values [T])}``, e.g. false-negative rate per logged step.
         path: output file; parent folders are created.
         ylabel, title, xlabel: axis labels and title.
+        events: ``{name: steps}``: steps marked on that name's curve (a triangle in its colour),
+            e.g. the steps at which a sampler rebuilt its graph or order.
+        event_label: what the markers are, for the legend (``"rebuild"``).
+        note: a line of text under the plot, e.g. the definition of the plotted quantity.
 
     Returns:
         ``path`` as a string.
@@ -131,11 +137,24 @@ def plot_metric_curves(curves: Mapping[str, tuple[Sequence, Sequence]], path, yl
             raise ValueError(f"curves[{name!r}]: steps has {steps.size} entries but values has "
                              f"{values.size}; pass one value per step")
         prepared.append((str(name), steps, values))
+    events = dict(events or {})
+    unknown = sorted(set(map(str, events)) - {name for name, _, _ in prepared})
+    if unknown:
+        raise ValueError(f"events names {unknown} have no curve; use names of curves")
     path = _prepare_path(path)
-    fig, ax = _new_figure(len(prepared))
+    fig, ax = _new_figure(len(prepared) + (1 if events else 0) + (2 if note else 0))
     for name, steps, values in prepared:
         marker = "o" if steps.size <= 30 else None
-        ax.plot(steps, values, label=name, marker=marker, markersize=3, linewidth=1.6)
+        (line,) = ax.plot(steps, values, label=name, marker=marker, markersize=3, linewidth=1.6)
+        at = np.asarray(events.get(name, ()), dtype=np.float64)
+        at = at[(at >= steps.min()) & (at <= steps.max())] if at.size else at
+        if at.size:
+            ax.plot(at, np.interp(at, steps, values), linestyle="none", marker="v",
+                    markersize=6, color=line.get_color(), markeredgecolor="black",
+                    markeredgewidth=0.4)
+    if events:
+        ax.plot([], [], linestyle="none", marker="v", color="grey", markeredgecolor="black",
+                markeredgewidth=0.4, label=f"{event_label} (in the curve's colour)")
     if all(np.array_equal(steps, np.round(steps)) for _, steps, _ in prepared):
         from matplotlib.ticker import MaxNLocator
 
@@ -146,5 +165,11 @@ def plot_metric_curves(curves: Mapping[str, tuple[Sequence, Sequence]], path, yl
         ax.set_title(title)
     ax.grid(alpha=0.3)
     _legend_below(fig, ax)
+    if note:
+        import textwrap
+
+        fig.text(0.01, 0.005, "\n".join(textwrap.wrap(note, 110)), fontsize="x-small",
+                 va="bottom", ha="left")
+        fig.subplots_adjust(bottom=fig.subplotpars.bottom + 0.06)
     fig.savefig(path)
     return path

@@ -32,6 +32,11 @@ walk then continues from a fresh start node not yet in the batch:
   Algorithm 3 exactly unless their reachable set is exhausted (or an item
   takes over ~10^5 idle steps to reach).
 
+Duplicate keys (``key_ids``; samplers' ``duplicate_keys``): an item whose key is already
+in the batch is never added; walks pass through it (it counts as an idle step) and fresh
+starts skip it, so the argument below holds with "items" read as "keys" (at least B
+distinct keys are required).
+
 Each fresh start adds one item, so a batch needs at most B starts and every
 call terminates. Start nodes are taken from a per-epoch random order of the
 items, skipping items already seen this epoch (``seen``); once every item has
@@ -104,32 +109,55 @@ def _row_degrees(neighbors: np.ndarray) -> np.ndarray:
 
 
 @njit(inline="always", cache=True)
-def _fresh_start(seen, start_order, ptr, stamp, stamp_id, state):
-    """Next start node: first not-yet-seen item in the epoch order, else a random one not in the batch."""
+def _free(v, stamp, sid, key_of, key_stamp):
+    """Whether item ``v`` may join batch ``sid``: not in it, and no item of its key is."""
+    if stamp[v] == sid:
+        return False
+    k = key_of[v]
+    return k < 0 or key_stamp[k] != sid
+
+
+@njit(inline="always", cache=True)
+def _take(v, b, count, out, stamp, sid, seen, key_of, key_stamp):
+    """Put item ``v`` at ``out[b, count]`` and mark it (and its key) as in batch ``sid``."""
+    out[b, count] = v
+    stamp[v] = sid
+    seen[v] = 1
+    k = key_of[v]
+    if k >= 0:
+        key_stamp[k] = sid
+
+
+@njit(inline="always", cache=True)
+def _fresh_start(seen, start_order, ptr, stamp, stamp_id, state, key_of, key_stamp):
+    """Next start node: first not-yet-seen item in the epoch order, else a random one not in
+    the batch (items whose key is in the batch are passed over, and stay in the order)."""
     n = start_order.shape[0]
     p = ptr[0]
+    while p < n and seen[start_order[p]] != 0:
+        p += 1
+    ptr[0] = p
     while p < n:
         v = start_order[p]
-        if seen[v] == 0 and stamp[v] != stamp_id:
-            ptr[0] = p + 1
+        if seen[v] == 0 and _free(v, stamp, stamp_id, key_of, key_stamp):
             return v
         p += 1
-    ptr[0] = n
     for _ in range(64):
         v = rand_below(state, n)
-        if stamp[v] != stamp_id:
+        if _free(v, stamp, stamp_id, key_of, key_stamp):
             return v
     off = rand_below(state, n)
     for i in range(n):
         v = (off + i) % n
-        if stamp[v] != stamp_id:
+        if _free(v, stamp, stamp_id, key_of, key_stamp):
             return v
-    return -1  # unreachable while the batch is smaller than N
+    return -1  # unreachable while the batch holds fewer keys than the items
 
 
 @njit(cache=True)
-def _reachable_new(neighbors, deg, root, stamp, sid, mark, mark_id, queue):
-    """True if some item not in the batch (stamp != sid) is reachable from ``root``."""
+def _reachable_new(neighbors, deg, root, stamp, sid, mark, mark_id, queue, key_of, key_stamp):
+    """True if some item that may join the batch is reachable from ``root`` (through items
+    in the batch or blocked by their key, which the walk passes through)."""
     head = 0
     tail = 1
     queue[0] = root
@@ -139,7 +167,7 @@ def _reachable_new(neighbors, deg, root, stamp, sid, mark, mark_id, queue):
         head += 1
         for j in range(deg[v]):
             w = neighbors[v, j]
-            if stamp[w] != sid:
+            if _free(w, stamp, sid, key_of, key_stamp):
                 return True
             if mark[w] != mark_id:
                 mark[w] = mark_id
@@ -150,10 +178,13 @@ def _reachable_new(neighbors, deg, root, stamp, sid, mark, mark_id, queue):
 
 @njit(cache=True)
 def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
-               seen, start_order, ptr, stamp, stamp_base, first, mark, mark_next, out):
+               seen, start_order, ptr, stamp, stamp_base, first, mark, mark_next, out,
+               key_of, key_stamp):
     """Fill ``out[b]`` (b < len(seeds)) with one walk batch each; updates ``seen`` and ``ptr``.
 
-    ``first[b] >= 0`` fixes the start node of batch b; -1 draws it.
+    ``first[b] >= 0`` fixes the start node of batch b; -1 draws it. ``key_of`` [N]: the
+    duplicate-key id of each item (-1: none); an item whose key is already in the batch is
+    never added (the walk passes through it). ``key_stamp`` [number of keys]: scratch.
     """
     state = np.empty(1, np.uint64)
     queue = np.empty(0, np.int64)
@@ -165,10 +196,9 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
         sid = stamp_base + b
         alpha = restarts[b]
         count = 0
-        u = first[b] if first[b] >= 0 else _fresh_start(seen, start_order, ptr, stamp, sid, state)
-        out[b, count] = u
-        stamp[u] = sid
-        seen[u] = 1
+        u = first[b] if first[b] >= 0 else _fresh_start(seen, start_order, ptr, stamp, sid,
+                                                         state, key_of, key_stamp)
+        _take(u, b, count, out, stamp, sid, seen, key_of, key_stamp)
         count += 1
         if kind <= 1:  # rwr / rw
             v = u
@@ -185,10 +215,8 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                         jump = True
                 else:
                     v = neighbors[v, rand_below(state, deg[v])]
-                if not jump and stamp[v] != sid:
-                    out[b, count] = v
-                    stamp[v] = sid
-                    seen[v] = 1
+                if not jump and _free(v, stamp, sid, key_of, key_stamp):
+                    _take(v, b, count, out, stamp, sid, seen, key_of, key_stamp)
                     count += 1
                     idle = 0
                     continue
@@ -200,17 +228,16 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                         mark_next[0] += 1
                         root = u if kind == 0 else v
                         if _reachable_new(neighbors, deg, root, stamp, sid, mark, mark_next[0],
-                                          queue):
+                                          queue, key_of, key_stamp):
                             cur_patience *= 2
                             idle = 0
                             continue
                     jump = True
                 if jump:
                     cur_patience = patience
-                    u = _fresh_start(seen, start_order, ptr, stamp, sid, state)
-                    out[b, count] = u
-                    stamp[u] = sid
-                    seen[u] = 1
+                    u = _fresh_start(seen, start_order, ptr, stamp, sid, state, key_of,
+                                     key_stamp)
+                    _take(u, b, count, out, stamp, sid, seen, key_of, key_stamp)
                     count += 1
                     v = u
                     idle = 0
@@ -222,18 +249,15 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                     head += 1
                     for j in range(deg[v]):
                         w = neighbors[v, j]
-                        if stamp[w] != sid:
-                            out[b, count] = w
-                            stamp[w] = sid
-                            seen[w] = 1
+                        if _free(w, stamp, sid, key_of, key_stamp):
+                            _take(w, b, count, out, stamp, sid, seen, key_of, key_stamp)
                             count += 1
                             if count == batch_size:
                                 break
                 else:
-                    w = _fresh_start(seen, start_order, ptr, stamp, sid, state)
-                    out[b, count] = w
-                    stamp[w] = sid
-                    seen[w] = 1
+                    w = _fresh_start(seen, start_order, ptr, stamp, sid, state, key_of,
+                                     key_stamp)
+                    _take(w, b, count, out, stamp, sid, seen, key_of, key_stamp)
                     count += 1
         else:  # dfs
             sp = 0
@@ -243,7 +267,8 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
             sp = 1
             while count < batch_size:
                 if sp == 0:
-                    w = _fresh_start(seen, start_order, ptr, stamp, sid, state)
+                    w = _fresh_start(seen, start_order, ptr, stamp, sid, state, key_of,
+                                     key_stamp)
                 else:
                     top = sp - 1
                     v = stack_node[top]
@@ -252,15 +277,13 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                     while stack_pos[top] < d:
                         cand = neighbors[v, (stack_off[top] + stack_pos[top]) % d]
                         stack_pos[top] += 1
-                        if stamp[cand] != sid:
+                        if _free(cand, stamp, sid, key_of, key_stamp):
                             w = cand
                             break
                     if w < 0:
                         sp -= 1
                         continue
-                out[b, count] = w
-                stamp[w] = sid
-                seen[w] = 1
+                _take(w, b, count, out, stamp, sid, seen, key_of, key_stamp)
                 count += 1
                 stack_node[sp] = w
                 stack_pos[sp] = 0
@@ -269,19 +292,43 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
 
 
 @njit(cache=True)
-def _next_start(seen, start_order, ptr, stamp, stamp_id, state):
-    return _fresh_start(seen, start_order, ptr, stamp, stamp_id, state)
+def _key_free(anchor, candidates, count, key_of, key_stamp, sid, out):
+    """``out[0] = anchor``, then the first candidates whose key is not yet in ``out``, until
+    ``count`` items; returns how many were placed."""
+    placed = 1
+    out[0] = anchor
+    if key_of[anchor] >= 0:
+        key_stamp[key_of[anchor]] = sid
+    for c in range(candidates.shape[0]):
+        if placed == count:
+            break
+        v = candidates[c]
+        k = key_of[v]
+        if k >= 0:
+            if key_stamp[k] == sid:
+                continue
+            key_stamp[k] = sid
+        out[placed] = v
+        placed += 1
+    return placed
+
+
+@njit(cache=True)
+def _next_start(seen, start_order, ptr, stamp, stamp_id, state, key_of, key_stamp):
+    return _fresh_start(seen, start_order, ptr, stamp, stamp_id, state, key_of, key_stamp)
 
 
 class WalkState:
     """Per-epoch bookkeeping shared by consecutive walk batches.
 
     Holds the epoch's random start order, the pointer into it, the ``seen``
-    mask (coverage) and scratch space. ``coverage`` is the share of items that
-    appeared in a batch this epoch.
+    mask (coverage), the items' duplicate-key ids (``key_ids``: int64 [N], -1 for an item
+    whose key no other item holds; None: no keys) and scratch space. ``coverage`` is the
+    share of items that appeared in a batch this epoch.
     """
 
-    def __init__(self, num_items: int, seed: int, epoch: int) -> None:
+    def __init__(self, num_items: int, seed: int, epoch: int,
+                 key_ids: np.ndarray | None = None) -> None:
         self.num_items = num_items
         self.start_order = _rng.permutation(num_items, _rng.derive_seed(seed, epoch, 0x57A27))
         self.ptr = np.zeros(1, np.int64)
@@ -290,24 +337,39 @@ class WalkState:
         self._stamp_next = 0
         self._mark = np.full(num_items, -1, np.int64)
         self._mark_next = np.zeros(1, np.int64)
+        self.key_ids = (np.full(num_items, -1, np.int64) if key_ids is None
+                        else np.ascontiguousarray(key_ids, np.int64))
+        self._key_stamp = np.full(max(1, int(self.key_ids.max()) + 1), -1, np.int64)
 
     @property
     def coverage(self) -> float:
         return float(self.seen.mean()) if self.num_items else 0.0
 
     def state_dict(self) -> dict:
-        return {"ptr": int(self.ptr[0]), "seen": np.packbits(self.seen)}
+        """The pointer and the packed ``seen`` mask (an int and a uint8 tensor)."""
+        return {"ptr": int(self.ptr[0]), "seen": torch.from_numpy(np.packbits(self.seen))}
 
     def load_state_dict(self, state: dict) -> None:
         self.ptr[0] = int(state["ptr"])
         self.seen[:] = np.unpackbits(np.asarray(state["seen"], np.uint8))[: self.num_items]
 
-    def next_start(self, seed: int) -> int:
-        """A start node (anchor): the next unseen item of the epoch order, else a random item."""
+    def _sid(self) -> int:
         sid = self._stamp_next
         self._stamp_next += 1
-        return int(_next_start(self.seen, self.start_order, self.ptr, self._stamp, sid,
-                               _rng.new_state(seed)))
+        return sid
+
+    def next_start(self, seed: int) -> int:
+        """A start node (anchor): the next unseen item of the epoch order, else a random item."""
+        return int(_next_start(self.seen, self.start_order, self.ptr, self._stamp, self._sid(),
+                               _rng.new_state(seed), self.key_ids, self._key_stamp))
+
+    def key_free(self, anchor: int, candidates: np.ndarray, count: int) -> np.ndarray:
+        """``anchor``, then the first ``candidates`` whose duplicate key is not yet taken, up
+        to ``count`` items (fewer if the candidates run out)."""
+        out = np.empty(count, np.int64)
+        placed = _key_free(anchor, np.ascontiguousarray(candidates, np.int64), count,
+                           self.key_ids, self._key_stamp, self._sid(), out)
+        return out[:placed]
 
     def walk(self, neighbors: np.ndarray, deg: np.ndarray, batch_size: int, kind: int,
              restarts: np.ndarray, seeds: np.ndarray, patience: int,
@@ -319,7 +381,7 @@ class WalkState:
         _walk_many(neighbors, deg, batch_size, kind, np.ascontiguousarray(restarts, np.float64),
                    np.ascontiguousarray(seeds, np.uint64), patience, self.seen, self.start_order,
                    self.ptr, self._stamp, self._stamp_next, first, self._mark, self._mark_next,
-                   out)
+                   out, self.key_ids, self._key_stamp)
         self._stamp_next += len(seeds)
         return out
 
@@ -340,13 +402,32 @@ def prepare_graph(neighbors, num_items: int | None = None) -> tuple[np.ndarray, 
     return table, deg
 
 
+def compact_key_ids(key_ids, num_items: int, batch_size: int) -> np.ndarray:
+    """Validated ``key_ids`` renumbered 0, 1, ... (-1 kept); ``ValueError`` for a wrong shape
+    or dtype, or fewer than ``batch_size`` distinct keys (a batch could not be filled)."""
+    ids = np.asarray(key_ids.cpu() if isinstance(key_ids, torch.Tensor) else key_ids)
+    if ids.shape != (num_items,) or not np.issubdtype(ids.dtype, np.integer) or (
+            ids.size and ids.min() < -1):
+        raise ValueError(f"key_ids must be {num_items} integers >= -1, one per item (-1: an "
+                         f"item without copies), got shape {ids.shape} and dtype {ids.dtype}")
+    keyed = ids >= 0
+    values, inverse = np.unique(ids[keyed], return_inverse=True)
+    out = np.full(num_items, -1, np.int64)
+    out[keyed] = inverse
+    classes = int((~keyed).sum()) + len(values)
+    if classes < batch_size:
+        raise ValueError(f"key_ids hold {classes} distinct keys, fewer than batch_size="
+                         f"{batch_size}; use batch_size <= {classes}")
+    return out
+
+
 def default_patience(num_neighbors: int) -> int:
     return max(100, 10 * num_neighbors)
 
 
 def walk_batches(neighbors: torch.Tensor | np.ndarray, batch_size: int, num_batches: int = 1, *,
                  walk: WalkKind = "rwr", restart: float = 0.2, seed: int = 0,
-                 patience: int | None = None, starts=None) -> torch.Tensor:
+                 patience: int | None = None, starts=None, key_ids=None) -> torch.Tensor:
     """Collect ``num_batches`` batches of ``batch_size`` distinct items by walking a graph.
 
     Args:
@@ -360,6 +441,10 @@ def walk_batches(neighbors: torch.Tensor | np.ndarray, batch_size: int, num_batc
         patience: steps without a new item before an RWR/RW walk restarts elsewhere.
         starts: optional int [num_batches] start node of each batch (default: drawn
             from items not yet drawn by this call).
+        key_ids: optional int [N] duplicate-key id of each item (-1: an item without
+            copies); no batch holds two items with the same id (the walk passes over an
+            item whose key is in the batch). Needs at least ``batch_size`` distinct keys
+            (items with -1 count one each). Samplers take hashable ``duplicate_keys``.
 
     Returns:
         int64 tensor [num_batches, batch_size]; each row holds distinct ids.
@@ -382,7 +467,8 @@ def walk_batches(neighbors: torch.Tensor | np.ndarray, batch_size: int, num_batc
             raise ValueError(f"starts must be {num_batches} integer item ids, one per batch")
         if starts.size and (starts.min() < 0 or starts.max() >= n):
             raise ValueError(f"starts must be item ids in [0, {n})")
-    state = WalkState(n, seed, 0)
+    state = WalkState(n, seed, 0, None if key_ids is None else
+                      compact_key_ids(key_ids, n, batch_size))
     seeds = np.array([_rng.derive_seed(seed, 0, i) for i in range(num_batches)], np.uint64)
     out = state.walk(table, deg, batch_size, WALKS[walk], np.full(num_batches, restart), seeds,
                      patience, starts)

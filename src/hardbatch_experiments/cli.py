@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from hardbatch.cli_types import positive_float, positive_int, probability
+from hardbatch.cli_types import positive_float, positive_int, probability, temperature
 from hardbatch.graph import check_graph_sizes
 from hardbatch.registry import canonical_loss, loss_names, parse_names, sampler_names
 
@@ -66,7 +66,7 @@ def add_demo_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
     p.add_argument("--out", default=d.out, metavar="DIR",
                    help=f"output folder for plots and results.json (default ./{d.out})")
-    p.add_argument("--temperature", type=positive_float, default=d.temperature, metavar="T",
+    p.add_argument("--temperature", type=temperature, default=d.temperature, metavar="T",
                    help=f"loss temperature (default {d.temperature})")
     p.add_argument("--lr", type=positive_float, default=d.lr,
                    help=f"Adam learning rate (default {d.lr})")

@@ -10,7 +10,9 @@ Each sampler trains the same MLP encoder (same seed, loss, epochs, augmentation)
 * sampler time (batch planning plus graph rebuilds) as a share of training step time;
 
 and draws BatchSampler's Fig. 4: cosine-similarity histograms of in-batch pairs after training
-and the false-negative rate over training. Samplers and losses come from
+and the false-negative rate over training (graph / order rebuilds marked, the rate defined on
+the figure). The table is followed by a one-line legend per column (:data:`COLUMNS`: what it
+is, whether higher is better). Samplers and losses come from
 :mod:`hardbatch.registry` (through :mod:`hardbatch_experiments.factories`); ``hardbatch demo``
 (:mod:`hardbatch_experiments.cli`) runs :func:`run_demo`.
 """
@@ -35,6 +37,8 @@ from hardbatch.train import TrainConfig, Trainer, embed
 from . import factories
 
 __all__ = [
+    "COLUMNS",
+    "FALSE_NEGATIVE_DEFINITION",
     "DemoConfig",
     "digits_augment",
     "digits_encoder",
@@ -47,6 +51,28 @@ __all__ = [
 
 SAMPLER_TITLES = {"uniform": "uniform", "knn": "kNN", "proximity": "proximity graph (RWR)",
                   "gcbs": "GCBS"}
+
+#: The table's columns: (header, what it is and which way is better).
+COLUMNS = (
+    ("kNN acc", ("weighted kNN accuracy (k=200, t=0.1) of the frozen encoder on the held-out "
+                 "20% of the digits; higher is better")),
+    ("linear acc", ("accuracy of a logistic-regression probe on the same features; higher is "
+                    "better")),
+    ("hardness", ("mean over anchors of the most similar in-batch negative's cosine (last "
+                  "epoch's batches, final model); higher = harder negatives, not better by "
+                  "itself")),
+    ("mean cos", "mean cosine of all in-batch pairs (same batches and model); higher = harder"),
+    ("false-neg rate", ("share of in-batch pairs whose two digits have the same label "
+                        "(negatives that are really positives); lower is better, uniform "
+                        "batches give about 0.10")),
+    ("coverage", ("share of the training digits drawn in the last epoch; 1.000 = every digit "
+                  "seen")),
+    ("sampler / step time", ("share of training step time spent handing over batches (walks, "
+                             "graph / order rebuilds); lower is better")),
+)
+FALSE_NEGATIVE_DEFINITION = ("false-negative rate = share of the in-batch pairs whose two "
+                             "digits have the same label (used as negatives although they are "
+                             "of one class); uniform batches of 10 balanced classes: about 0.10")
 
 
 @dataclass
@@ -169,6 +195,8 @@ def _run_one(name: str, cfg: DemoConfig, data) -> dict:
     stats = plan_stats(z, result.last_epoch_batches, y_train, bins=50, range=(-1.0, 1.0))
     counts, edges = stats.pop("histogram")
     steps = [r["step"] for r in result.history]
+    built = [r.get("refreshes", 0) for r in result.history]
+    rebuilds = [s for s, now, before in zip(steps, built, [0] + built[:-1]) if now > before]
     return {
         "sampler": name,
         "knn_accuracy": result.final.get("knn_accuracy", math.nan),
@@ -189,6 +217,7 @@ def _run_one(name: str, cfg: DemoConfig, data) -> dict:
                    "false_negative_rate": [r["false_negative_rate"] for r in result.history],
                    "hardness": [r["hardness"] for r in result.history],
                    "loss": [r["loss"] for r in result.history]},
+        "rebuild_steps": rebuilds,
     }
 
 
@@ -200,8 +229,9 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return np.convolve(arr, kernel, mode="valid").tolist()
 
 
-def markdown_table(rows: list[dict]) -> str:
-    """The side-by-side comparison as a markdown table."""
+def markdown_table(rows: list[dict], legend: bool = True) -> str:
+    """The side-by-side comparison as a markdown table, then (``legend``) one line per column
+    saying what it is and whether higher is better (:data:`COLUMNS`)."""
     head = ("| sampler | kNN acc | linear acc | hardness | mean cos | false-neg rate | coverage "
             "| sampler / step time |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -212,6 +242,8 @@ def markdown_table(rows: list[dict]) -> str:
             f"| {r['mean_negative_similarity']:.3f} "
             f"| {r['false_negative_rate']:.3f} | {r['coverage']:.3f} "
             f"| {100 * r['sampler_share']:.1f}% |")
+    if legend:
+        lines += [""] + [f"- {name}: {meaning}" for name, meaning in COLUMNS]
     return "\n".join(lines)
 
 
@@ -222,17 +254,22 @@ def _write_plots(rows: list[dict], out: Path, cfg: DemoConfig) -> list[str]:
              (torch.tensor(r["histogram"]["counts"]), torch.tensor(r["histogram"]["edges"]))
              for r in rows}
     window = max(1, min(25, len(rows[0]["curves"]["step"]) // 10))
-    curves = {}
+    curves, rebuilds = {}, {}
     for r in rows:
         steps = r["curves"]["step"][window - 1:] if window > 1 else r["curves"]["step"]
-        curves[SAMPLER_TITLES.get(r["sampler"], r["sampler"])] = (
-            steps, _smooth(r["curves"]["false_negative_rate"], window))
+        title = SAMPLER_TITLES.get(r["sampler"], r["sampler"])
+        curves[title] = (steps, _smooth(r["curves"]["false_negative_rate"], window))
+        if r.get("rebuild_steps"):
+            rebuilds[title] = r["rebuild_steps"]
     hist_path, fn_path = out / "similarity_histograms.png", out / "false_negative_rate.png"
     plot_similarity_histograms(
         hists, hist_path,
         title=f"In-batch cosine similarity after training (digits, {cfg.loss}, B={cfg.batch_size})")
     plot_metric_curves(curves, fn_path, ylabel="false-negative rate",
-                       title=f"False negatives in the batch during training (moving mean, {window} steps)")
+                       title=f"False negatives in the batch during training (moving mean, "
+                             f"{window} steps)", events=rebuilds,
+                       event_label="graph / order rebuilt at this step",
+                       note=FALSE_NEGATIVE_DEFINITION)
     return [str(hist_path), str(fn_path)]
 
 

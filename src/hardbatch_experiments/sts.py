@@ -43,6 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hardbatch.cli_types import positive_int
+
 __all__ = [
     "MINILM_NAMES",
     "STSSubset",
@@ -182,6 +184,10 @@ def find_sts_dir(data_dir: str | os.PathLike | None = None) -> Path:
         path = data_root() / "sts"
     else:
         path = Path(data_dir).expanduser()
+    if path.is_file():
+        raise NotADirectoryError(f"STS data folder {path} is a file, not a folder; pass "
+                                 "--data-dir / data_dir=... pointing at the folder holding STS "
+                                 "sets (e.g. shared/data/sts)")
     if not path.is_dir():
         raise FileNotFoundError(f"STS data folder {path} does not exist; pass --data-dir / "
                                 "data_dir=... pointing at a folder holding STS sets (e.g. "
@@ -422,10 +428,11 @@ def add_sts_parser(subparsers):
                    help="folder to search for STS sets (default: <data root>/sts, data root = "
                         "$HARDBATCH_DATA or ../shared/data)")
     p.add_argument("--tasks", default=None, help="comma-separated task names (default: all found)")
-    p.add_argument("--limit", type=int, default=None, metavar="N",
+    p.add_argument("--limit", type=positive_int, default=None, metavar="N",
                    help="use only the first N pairs of every subset (quick checks)")
-    p.add_argument("--batch-size", type=int, default=128, help="encoding batch size")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--batch-size", type=positive_int, default=128, help="encoding batch size")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads (default: torch's)")
     p.add_argument("--out", default=None, metavar="JSON", help="also write the results as JSON")
     p.set_defaults(func=run_sts_cli)
     return p
@@ -438,10 +445,6 @@ def run_sts_cli(args) -> int:
 
     import torch
 
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit {args.limit} must be a positive number of pairs per subset")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size {args.batch_size} must be a positive integer")
     if args.threads:
         torch.set_num_threads(args.threads)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None

@@ -8,6 +8,9 @@ distinct (item-disjoint for partitions) batches per step, a DDP-style training l
 (bank fed from each rank's batches, graph rebuilt sharded) that reproduces a
 single-process simulation of the same run, and background planning under DDP.
 Each rank prints ``RANK r OK`` at the end; any failed check raises.
+
+``distributed_worker.py trainer`` runs only :func:`check_trainer_skip` (a few seconds): the
+Trainer under DDP when one rank's batch has a single item (issue 17.10).
 """
 
 from __future__ import annotations
@@ -206,6 +209,48 @@ def check_text_encoding(rank: int, world: int) -> None:
     assert torch.equal(sharded, whole)
 
 
+def check_trainer_skip(rank: int, world: int) -> None:
+    """N = 9, B = 4 on 2 ranks: the second step gives rank 0 a one-item batch and rank 1 a
+    full one. Both ranks must skip that step together (else DDP's gradient all-reduce and the
+    synchronised bank update pair with the wrong step and the ranks diverge or hang)."""
+    import warnings
+
+    from hardbatch.train import Trainer
+
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)))
+    x = torch.randn(9, 6, generator=torch.Generator().manual_seed(1))
+    bank = hb.EmbeddingBank(9, 4, seed=0)
+    assert bank.synchronized
+    sampler = hb.UniformBatchSampler(9, 4, seed=0)
+    assert [len(b) for b in sampler] == ([4, 1] if rank == 0 else [4, 4])
+    trainer = Trainer(model, hb.InfoNCE(0.5), sampler, x, bank=bank, epochs=2, progress=False,
+                      augment=lambda v, generator=None: v + 0.01 * torch.randn(
+                          v.shape, generator=generator))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the skip warning (rank 1: another rank's batch)
+        result = trainer.fit()
+    skipped = [r["step"] for r in result.history if r.get("skipped")]
+    assert skipped == [2, 4], skipped  # on every rank
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = gather_objects((params, bank.embeddings, bank.step))
+    assert all(torch.equal(p, everyone[0][0]) for p, _, _ in everyone), "weights diverged"
+    assert all(torch.equal(t, everyone[0][1]) and s == everyone[0][2] for _, t, s in everyone)
+
+
+def main_trainer() -> None:
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    check_trainer_skip(rank, world)
+    dist.barrier()
+    print(f"RANK {rank} OK", flush=True)
+    dist.destroy_process_group()
+
+
 def main() -> None:
     backend = os.environ.get("HARDBATCH_DIST_BACKEND", "gloo")  # "nccl" on a multi-GPU machine
     if backend == "nccl":
@@ -229,7 +274,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     try:
-        main()
+        main_trainer() if sys.argv[1:] == ["trainer"] else main()
     except Exception:  # noqa: BLE001 - report any failure, then exit without hanging
         import traceback
 

@@ -83,3 +83,61 @@ def test_module_entry_point_exit_code(module):
                          check=False, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2
     assert "unknown sampler 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# --------------------------------------------------------------------------- issue 17.11
+def _one_line_error(code, err, prefix):
+    assert code == 2, err
+    assert "Traceback" not in err and err.startswith(prefix) and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["eval", "sts", "--model", "m", "--threads", "-1"], "expected a positive integer, got '-1'"),
+    (["demo", "--temperature", "1e-39"], "expected a temperature >= 1e-30"),
+    (["bench", "simclr", "--dataset", "mnist", "--temperature", "0", "--dry-run"],
+     "expected a positive number"),
+])
+def test_bad_numbers_are_one_line_errors(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:  # argparse: usage line + error line, exit 2
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_sts_data_dir_that_is_a_file_says_so(capsys, tmp_path):
+    blocker = tmp_path / "sts.txt"
+    blocker.write_text("x")
+    code, _, err = run(capsys, "eval", "sts", "--model", "m", "--data-dir", str(blocker))
+    _one_line_error(code, err, "hardbatch eval: error: ")
+    assert "is a file, not a folder" in err and "does not exist" not in err
+
+
+def test_diverging_demo_names_the_learning_rate_not_options_the_cli_lacks(capsys, tmp_path):
+    code, _, err = run(capsys, "demo", "--lr", "1e30", "--epochs", "1", "--sampler", "uniform",
+                       "--no-plots", "--out", str(tmp_path))
+    _one_line_error(code, err, "hardbatch demo: error: ")
+    assert "lower the learning rate (lr=1e+30)" in err and "check_finite" not in err
+
+
+def test_run_guarded_reports_user_errors_and_keeps_bug_tracebacks(capsys):
+    def diverged(_):
+        raise FloatingPointError("loss is nan at step 3; lower the learning rate")
+
+    assert cli.run_guarded("hardbatch x", diverged, None) == 2
+    _one_line_error(2, capsys.readouterr().err, "hardbatch x: error: loss is nan")
+
+    def bug(_):
+        raise RuntimeError("a real bug")
+
+    with pytest.raises(RuntimeError, match="a real bug"):
+        cli.run_guarded("hardbatch x", bug, None)
+
+
+def test_standalone_recipe_entry_points_are_guarded(capsys, tmp_path):
+    """``python -m hardbatch_experiments.recipes.graphcl`` (RecipeCommand.main) reports the
+    library's ValueError in one line, as ``hardbatch bench graphcl`` does."""
+    from hardbatch_experiments.recipes.graphcl import cli as graphcl_cli
+
+    code = graphcl_cli.main(["--dataset", "MUTAG", "--seed-list", "a", "--dry-run",
+                             "--out", str(tmp_path)])
+    _one_line_error(code, capsys.readouterr().err, "hardbatch bench graphcl: error: --seed-list")

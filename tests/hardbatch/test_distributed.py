@@ -18,21 +18,37 @@ import hardbatch.distributed as hbdist
 WORKER = Path(__file__).with_name("distributed_worker.py")
 
 
-@pytest.mark.skipif(not torch.distributed.is_available() or
-                    not torch.distributed.is_gloo_available(),
-                    reason="torch.distributed with gloo is not available")
+needs_gloo = pytest.mark.skipif(not torch.distributed.is_available() or
+                                not torch.distributed.is_gloo_available(),
+                                reason="torch.distributed with gloo is not available")
+
+
+def _torchrun(*args: str, timeout: int) -> None:
+    torchrun = shutil.which("torchrun")
+    cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
+        "--standalone", "--nproc_per_node=2", str(WORKER), *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                          check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "RANK 0 OK" in out and "RANK 1 OK" in out, out[-6000:]
+
+
+@needs_gloo
 def test_torchrun_two_ranks_gloo():
     """Identical plans, distinct batches per step, sharded graphs == single-process graphs,
     synchronised banks, and a DDP-style run (foreground and background builds) equal to a
     single-process simulation: see tests/hardbatch/distributed_worker.py."""
-    torchrun = shutil.which("torchrun")
-    cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
-        "--standalone", "--nproc_per_node=2", str(WORKER)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
-    assert "RANK 0 OK" in out and "RANK 1 OK" in out, out[-6000:]
+    _torchrun(timeout=300)
+
+
+@needs_gloo
+def test_trainer_skips_a_one_item_batch_on_every_rank_under_ddp():
+    """issue 17.10: one rank's one-item batch makes every rank skip the step (one all-reduced
+    flag), so DDP's gradient all-reduce and the synchronised bank stay in step: same weights
+    and bank on both ranks afterwards (distributed_worker.py check_trainer_skip)."""
+    _torchrun("trainer", timeout=120)
 
 
 def test_single_process_functions_are_plain_calls(rng):

@@ -89,6 +89,41 @@ def test_inspect_matches_the_metrics_on_the_same_batches(digits_files, tmp_path,
     assert row["false_negative_rate"] == pytest.approx(expected)
 
 
+def test_inspect_reference_measures_every_sampler_in_one_embedding(digits_files, tmp_path,
+                                                                    capsys):
+    """--reference: the ref. columns are the metrics of the same batches in the reference."""
+    import hardbatch as hb
+    from hardbatch.metrics import loss_gap, plan_stats
+
+    root, x, y = digits_files
+    ref = np.random.default_rng(0).standard_normal((len(x), 16)).astype(np.float32)
+    np.save(root / "ref.npy", ref)
+    res = run_main(capsys, root / "x.npy", "--labels", root / "y.npy", "--reference",
+                   root / "ref.npy", "--sampler", "uniform,gcbs", "--batch-size", 100,
+                   "--batches", 3, "--seed", 5, "--loss-gap", "--out", tmp_path)
+    assert res.returncode == 0, res.stderr
+    header = next(ln for ln in res.stdout.splitlines() if ln.startswith("| sampler"))
+    assert "ref. hardness" in header and "ref. loss gap" in header
+    report = json.loads((tmp_path / "inspect.json").read_text())
+    assert report["reference"] == str(root / "ref.npy")
+    assert (tmp_path / "reference_similarity_histograms.png").stat().st_size > 0
+    batches = list(hb.UniformBatchSampler(len(y), 100, seed=5))[:3]
+    row = report["samplers"]["uniform"]
+    want = plan_stats(ref, batches)
+    assert row["reference_hardness"] == pytest.approx(want["hardness"])
+    assert row["reference_mean_negative_similarity"] == pytest.approx(
+        want["mean_negative_similarity"])
+    assert row["reference_histogram"]["counts"] == want["histogram"][0].tolist()
+    assert row["hardness"] == pytest.approx(plan_stats(x, batches)["hardness"])
+    assert row["reference_loss_gap"] == pytest.approx(loss_gap(ref, batches)["gap"], abs=1e-6)
+    bad = run_main(capsys, root / "x.npy", "--reference", root / "y.npy", "--out", tmp_path)
+    assert bad.returncode == 2 and "--reference in" in bad.stderr and "2-D" in bad.stderr
+    np.save(tmp_path / "short.npy", ref[:10])
+    bad = run_main(capsys, root / "x.npy", "--reference", tmp_path / "short.npy",
+                   "--out", tmp_path)
+    assert bad.returncode == 2 and "--reference has 10 rows but there are 1797 items" in bad.stderr
+
+
 @pytest.mark.parametrize("fmt", ["npz", "pt", "pt-dict", "txt-labels"])
 def test_inspect_reads_npz_pt_and_text_labels(tmp_path, capsys, fmt):
     rng = np.random.default_rng(0)
@@ -133,6 +168,7 @@ def test_inspect_reads_npz_pt_and_text_labels(tmp_path, capsys, fmt):
     ("batch-size", "--batch-size 60 is larger than the number of items N=50"),
     ("pt-dict", "holds a dict without key 'embeddings'"),
     ("corrupt", "could not read embeddings file"),
+    ("text-as-npy", r"x.npy is not a NumPy array file \(it does not start with the .npy header\)"),
 ])
 def test_bad_input_exits_2_with_message_and_no_traceback(tmp_path, capsys, case, match):
     rng = np.random.default_rng(1)
@@ -167,9 +203,11 @@ def test_bad_input_exits_2_with_message_and_no_traceback(tmp_path, capsys, case,
     elif case == "corrupt":
         args[0] = tmp_path / "x.pt"
         args[0].write_bytes(b"not a torch file")
+    elif case == "text-as-npy":  # issue 17.11: no (unsafe) allow_pickle suggestion
+        emb.write_text("0.1,0.2\n0.3,0.4\n")
     res = run_main(capsys, *args)
     assert res.returncode == 2, (res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr
+    assert "Traceback" not in res.stderr and "allow_pickle" not in res.stderr
     assert res.stderr.startswith("hardbatch inspect: error: ")
     assert re.search(match, res.stderr), res.stderr
 

@@ -4,6 +4,7 @@ import itertools
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -361,6 +362,100 @@ def test_uniform_loss_gap_is_stable_across_seeds_on_digits(digits):
 
 
 # ---------------------------------------------------------------------------------------------
+# a fixed reference embedding (issue 22, item 5)
+# ---------------------------------------------------------------------------------------------
+def ref_near_duplicate_rate(x, batch, threshold):
+    pairs = ref_negative_similarities(x, batch)
+    return sum(v > threshold for v in pairs) / len(pairs)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    rng = np.random.default_rng(11)
+    return rng.standard_normal((len(tiny[0]), 3)).astype(np.float32)  # another embedding
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_batch_stats_reference_figures_are_measured_in_the_reference(tiny, reference, batch):
+    x, labels = tiny
+    st = M.batch_stats(x, batch, labels, reference=reference, near_duplicate=0.2)
+    assert st["hardness"] == pytest.approx(ref_hardness(x.tolist(), batch), abs=1e-9)
+    assert st["reference_hardness"] == pytest.approx(ref_hardness(reference.tolist(), batch),
+                                                     abs=1e-9)
+    assert st["reference_mean_negative_similarity"] == pytest.approx(
+        np.mean(ref_negative_similarities(reference.tolist(), batch)), abs=1e-9)
+    assert st["reference_near_duplicate_rate"] == pytest.approx(
+        ref_near_duplicate_rate(reference.tolist(), batch, 0.2))
+    assert st["false_negative_rate"] == pytest.approx(ref_fn_rate(labels, batch))
+    assert M.batch_near_duplicate_rate(reference, batch, 0.2) == \
+        st["reference_near_duplicate_rate"]
+    assert "reference_hardness" not in M.batch_stats(x, batch)  # only when asked
+
+
+def test_plan_stats_and_loss_gap_reference_equal_the_figures_of_the_reference(tiny, reference):
+    x, labels = tiny
+    plan = BATCHES
+    st = M.plan_stats(x, plan, labels, bins=10, reference=reference)
+    in_ref = M.plan_stats(reference, plan, labels, bins=10)
+    for key in ("hardness", "mean_negative_similarity"):
+        assert st[f"reference_{key}"] == pytest.approx(in_ref[key], abs=1e-12)
+    assert torch.equal(st["reference_histogram"][0], in_ref["histogram"][0])
+    assert st["hardness"] == M.plan_stats(x, plan, labels, bins=10)["hardness"]
+    pairs = [v for b in plan for v in ref_negative_similarities(reference.tolist(), b)]
+    assert st["reference_near_duplicate_rate"] == pytest.approx(
+        sum(v > 0.9 for v in pairs) / len(pairs))
+    gap = M.loss_gap(x, plan, temperature=0.3, reference=reference)
+    want = ref_loss_gap(reference, plan, 0.3)
+    for key in ("global_loss", "batch_loss", "gap"):
+        assert gap[f"reference_{key}"] == pytest.approx(want[key], abs=1e-5)
+    assert gap["gap"] == pytest.approx(ref_loss_gap(x, plan, 0.3)["gap"], abs=1e-5)
+
+
+def test_reference_from_files_and_as_embeddings(tiny, reference, tmp_path):
+    x, _ = tiny
+    np.save(tmp_path / "ref.npy", reference)
+    torch.save({"embeddings": torch.from_numpy(reference)}, tmp_path / "ref.pt")
+    want = M.batch_stats(x, [0, 3, 5], reference=reference)
+    for path in (tmp_path / "ref.npy", str(tmp_path / "ref.pt")):
+        assert M.batch_stats(x, [0, 3, 5], reference=path) == want
+        assert M.batch_hardness(path, [0, 3, 5]) == pytest.approx(want["reference_hardness"])
+    assert np.array_equal(M.load_reference(tmp_path / "ref.npy", len(x)), reference)
+    assert M.batch_stats(x, [0, 3], reference=torch.from_numpy(reference))[
+        "reference_hardness"] == pytest.approx(M.batch_hardness(reference, [0, 3]))
+
+
+@pytest.mark.parametrize("case, match", [
+    ("rows", "reference has 5 rows but"),
+    ("nan", "NaN or inf"),
+    ("text-npy", "is not a NumPy array file"),
+    ("missing", "file not found"),
+    ("threshold", "near_duplicate=1.5 must be a cosine"),
+])
+def test_bad_reference_is_a_clear_error(tiny, reference, tmp_path, case, match):
+    x, _ = tiny
+    ref = reference
+    kwargs = {}
+    if case == "rows":
+        ref = reference[:5]
+    elif case == "nan":
+        ref = reference.copy()
+        ref[2, 0] = np.inf
+    elif case == "text-npy":
+        ref = tmp_path / "ref.npy"
+        ref.write_text("0.1 0.2\n0.3 0.4\n")
+    elif case == "missing":
+        ref = tmp_path / "nope.npy"
+    else:
+        kwargs["near_duplicate"] = 1.5
+    with pytest.raises((ValueError, FileNotFoundError), match=match) as err:
+        M.plan_stats(x, BATCHES, reference=ref, **kwargs)
+    assert "allow_pickle" not in str(err.value)
+    if case == "rows":
+        with pytest.raises(ValueError, match=match):
+            M.loss_gap(x, BATCHES, reference=ref)
+
+
+# ---------------------------------------------------------------------------------------------
 # validation
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("call, match", [
@@ -429,3 +524,11 @@ def test_plots_write_files(tmp_path, tiny):
         plot_metric_curves({"a": ([0, 1], [1.0])}, tmp_path / "y.png", ylabel="v")
     with pytest.raises(ValueError, match="extension"):
         plot_metric_curves({"a": ([0], [1.0])}, tmp_path / "noext", ylabel="v")
+    # issue 17.15: rebuild steps marked on a curve, the plotted quantity defined under the plot
+    curves = {"knn": (np.arange(50), np.linspace(0.1, 0.3, 50))}
+    plain = plot_metric_curves(curves, tmp_path / "plain.png", ylabel="false-negative rate")
+    marked = plot_metric_curves(curves, tmp_path / "marked.png", ylabel="false-negative rate",
+                                events={"knn": [0, 20, 40]}, note="false-negative rate = ...")
+    assert Path(plain).read_bytes() != Path(marked).read_bytes()
+    with pytest.raises(ValueError, match="events names"):
+        plot_metric_curves(curves, tmp_path / "e.png", ylabel="v", events={"gcbs": [3]})

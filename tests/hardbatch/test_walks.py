@@ -177,3 +177,71 @@ def test_restart_accepts_numpy_and_0d_tensor_scalars(alpha):
     g = random_graph(300, 6)
     ref = hb.walk_batches(g, 30, 4, restart=float(alpha), seed=2)
     assert torch.equal(hb.walk_batches(g, 30, 4, restart=alpha, seed=2), ref)
+
+
+# -- duplicate keys inside the walk kernels -------------------------------------------------
+
+def key_clashes(out, key_ids):
+    return [row for row in out.numpy() if len({int(key_ids[v]) for v in row if key_ids[v] >= 0})
+            < int((key_ids[row] >= 0).sum())]
+
+
+@pytest.mark.parametrize("walk", ["rwr", "rw", "bfs", "dfs"])
+def test_walks_never_add_an_item_whose_key_is_in_the_batch(walk):
+    g = random_graph(600, 8, seed=2)
+    key_ids = np.full(600, -1)
+    key_ids[:300] = np.arange(300) % 60  # 60 keys held by 5 items each
+    out = hb.walk_batches(g, 64, 12, walk=walk, restart=0.3, seed=4, key_ids=key_ids)
+    check_batches(out, 600, 64)
+    assert not key_clashes(out, key_ids)
+
+
+@pytest.mark.parametrize("walk", ["rwr", "rw", "dfs"])
+def test_walks_with_keys_still_move_along_edges(walk):
+    # Passing over a key-mate is an idle step, not a jump: on a strongly connected graph with
+    # a few keys every new item is a neighbour of an item collected earlier (DFS), or of an
+    # item collected earlier or passed over for its key (RW / RWR walk through those).
+    g = random_graph(2000, 10, seed=3)
+    key_ids = np.where(np.arange(2000) < 400, np.arange(2000) % 100, -1)
+    out = hb.walk_batches(g, 64, 20, walk=walk, restart=0.3, seed=2, key_ids=key_ids).numpy()
+    for row in out:
+        for t in range(1, len(row)):
+            held = {int(key_ids[v]) for v in row[:t] if key_ids[v] >= 0}
+            via = set(row[:t].tolist())
+            if walk != "dfs":
+                via |= {v for v in range(2000) if key_ids[v] in held}
+            assert any(row[t] in g[p] for p in via)
+
+
+@pytest.mark.parametrize("walk", ["rwr", "rw", "bfs", "dfs"])
+@pytest.mark.parametrize("keys", ["neighbours_share_one", "all_but_few", "pairs"])
+def test_walks_with_keys_terminate_on_adversarial_graphs(walk, keys):
+    # star-like graph whose reachable items are blocked by the start's key: the walk must
+    # jump instead of waiting; B = the number of distinct keys: every key collected once.
+    n = 40
+    g = np.zeros((n, 3), np.int64)
+    g[:, 0], g[:, 1], g[:, 2] = 1, 2, 3
+    g[1:4] = [[0, 2, 3], [0, 1, 3], [0, 1, 2]]
+    if keys == "neighbours_share_one":
+        key_ids = np.full(n, -1)
+        key_ids[:4] = 7
+    elif keys == "all_but_few":
+        key_ids = np.where(np.arange(n) < 35, 0, -1)  # 35 items of one key + 5 unique
+    else:
+        key_ids = np.arange(n) // 2
+    classes = len(set(key_ids[key_ids >= 0].tolist())) + int((key_ids < 0).sum())
+    for b in (min(5, classes), classes):
+        out = hb.walk_batches(g, b, 3, walk=walk, restart=0.2, seed=1, key_ids=key_ids)
+        check_batches(out, n, b)
+        assert not key_clashes(out, key_ids)
+
+
+def test_walk_key_ids_bad_input():
+    g = random_graph(10, 3)
+    with pytest.raises(ValueError, match="key_ids must be 10 integers >= -1"):
+        hb.walk_batches(g, 4, key_ids=np.zeros(9, np.int64))
+    with pytest.raises(ValueError, match="key_ids must be 10 integers"):
+        hb.walk_batches(g, 4, key_ids=np.zeros(10))
+    with pytest.raises(ValueError, match="key_ids hold 3 distinct keys, fewer than "
+                                         "batch_size=4; use batch_size <= 3"):
+        hb.walk_batches(g, 4, key_ids=np.arange(10) % 3)

@@ -91,7 +91,37 @@ def test_demo_options_and_loss_alias(capsys, tmp_path):
         ("dcl", 200, 300, 30)  # the alias is recorded under its canonical name
     assert (cfg["restart_start"], cfg["restart_end"], cfg["refresh_every"]) == (0.5, 0.1, 3)
     assert results["results"][0]["refreshes"] == 3  # 8 steps, rebuilt at steps 0, 3, 6
+    assert results["results"][0]["rebuild_steps"] == [1, 4, 7]  # (history steps count from 1)
+    assert results["results"][1]["rebuild_steps"] == []  # uniform builds nothing
     assert not (tmp_path / "similarity_histograms.png").exists()
+
+
+def test_demo_table_explains_every_column(capsys, tmp_path):
+    """issue 17.15: one legend line per column, saying what it is and which way is better."""
+    from hardbatch_experiments.demo import COLUMNS, markdown_table
+
+    row = {"sampler": "uniform", "knn_accuracy": 0.9, "linear_probe_accuracy": 0.95,
+           "hardness": 0.7, "mean_negative_similarity": 0.1, "false_negative_rate": 0.1,
+           "coverage": 1.0, "sampler_share": 0.01}
+    text = markdown_table([row])
+    header = [c.strip() for c in text.splitlines()[0].strip("|").split("|")][1:]
+    legend = [ln for ln in text.splitlines() if ln.startswith("- ")]
+    assert [name for name, _ in COLUMNS] == header and len(legend) == len(header)
+    for name, line in zip(header, legend):
+        assert line.startswith(f"- {name}: ")
+        assert any(w in line for w in ("higher is better", "lower is better", "higher = ",
+                                       "= every"))
+    assert not any(ln.startswith("- ") for ln in markdown_table([row], legend=False).splitlines())
+
+
+def test_demo_output_folder_is_ignored_by_git():
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    res = subprocess.run(["git", "check-ignore", "-q", "hardbatch-demo/results.json"], cwd=repo,
+                         check=False)
+    assert res.returncode == 0
 
 
 @pytest.mark.parametrize("argv,message", [

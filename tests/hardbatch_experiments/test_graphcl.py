@@ -158,11 +158,17 @@ def test_end_to_end_mutag_one_epoch(data_root, tmp_path, capsys):
     assert rec["config"]["candidates"] == 100 and rec["config"]["neighbors"] == 50
     assert rec["steps"] == 2 and len(rec["trace"]["hardness"]) == 2
     assert all(0.0 <= v <= 1.0 for v in rec["trace"]["false_negative_rate"])
+    # issue 22.5: the same batches in the untrained encoder's (centred) readout, every arm alike
+    assert len(rec["trace"]["reference_hardness"]) == 2
+    ref = rec["reference_diagnostics"]
+    assert -1 <= ref["mean_hardness"] <= 1 and "untrained encoder" in ref["embedding"]
     assert rec["wall_time_s"] > 0 and "forward_backward" in rec["timings_s"]
     mtime = files[0].stat().st_mtime_ns
     capsys.readouterr()
     assert graphcl.main(argv) == 0  # rerun: skipped
-    assert "1/1 runs done, 0 to run" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "1/1 runs done, 0 to run" in printed
+    assert "[graphcl] done: 0 ran, 1 skipped (finished before), 0 failed, 0 missing" in printed
     assert files[0].stat().st_mtime_ns == mtime
     assert not list(out.glob(".*"))  # no temp or lock files left behind
 
@@ -313,7 +319,7 @@ def test_released_self_loops_rule():
     assert loops.tolist() == [[0, 1], [0, 1]]  # local ids < max id 2; none for graph 1
 
 
-def test_aug_style_released_run_and_tag(data_root, tmp_path):
+def test_aug_style_released_run_and_tag(data_root, tmp_path, capsys):
     out = tmp_path / "res"
     argv = ["--dataset", "MUTAG", "--data-dir", str(data_root), "--cache-dir",
             str(tmp_path / "cache"), "--sampler", "uniform", "--loss", "infonce",
@@ -323,8 +329,9 @@ def test_aug_style_released_run_and_tag(data_root, tmp_path):
     assert f.name == "MUTAG__uniform__infonce__seed0__e1-augreleased.json"
     rec = json.loads(f.read_text())
     assert rec["config"]["aug_style"] == "released" and 0.5 <= rec["accuracy"] <= 1.0
-    with pytest.raises(ValueError, match="--aug-style released"):
-        graphcl.main(argv[:-2] + ["--aug-ratio", "0.1", "--out", str(out)])
+    capsys.readouterr()
+    assert graphcl.main(argv[:-2] + ["--aug-ratio", "0.1", "--out", str(out)]) == 2
+    assert "error: --aug-style released" in capsys.readouterr().err
 
 
 def test_tag_hashes_other_options():

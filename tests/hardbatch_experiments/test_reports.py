@@ -118,3 +118,50 @@ def test_text_rows_per_loss_setting_and_same_loss_deltas(tmp_path):
     assert len(infonce) == 1 and "+0.50 (2 seeds) | +0.50 (2 seeds)" in infonce[0]
     assert "neighbors 20" in page  # the K = 20 run is an ablation, not an InfoNCE seed
     assert "1 run(s) never trained: proximity + DCL (t 0.05, tau+ 0.1)" in page
+
+
+# --------------------------------------------------------------------------- issue 17.16, 22.5
+def test_reports_write_out_by_default_and_tracked_pages_only_when_asked(tmp_path, monkeypatch,
+                                                                        capsys):
+    """The default page is out/reports/NAME.md; docs/results/NAME.md only with --in-place;
+    progress on stderr and a summary line (runs, skipped files, missing runs, wall time)."""
+    monkeypatch.chdir(tmp_path)
+    res = tmp_path / "res"
+    res.mkdir()
+    runs = [_vision_run("uniform", "infonce", s, 0.5 + s / 100) for s in (0, 1)]
+    runs[1]["reference_diagnostics"] = {"mean_hardness": 0.25}
+    for i, r in enumerate(runs):
+        trace = {"step": [1, 2], "false_negative_rate": [0.1, 0.1]}
+        (res / f"run{i}.json").write_text(json.dumps({
+            **r, "dataset": "cifar10", "steps": 2, "config": {}, "trace": trace,
+            "evals": [{"step": 2, "knn_accuracy": r["knn_accuracy"]}]}))
+    (res / "broken.json").write_text("{not json")
+    tracked = tmp_path / "docs" / "results" / "vision.md"
+    assert vision.main(["--results", str(res)]) == 0
+    out, err = capsys.readouterr()
+    page = tmp_path / "out" / "reports" / "vision.md"
+    assert page.is_file() and not tracked.exists()
+    assert "[report vision] reading" in err
+    summary = out.strip().splitlines()[-1]
+    assert summary.startswith(f"wrote {page.relative_to(tmp_path)}: 2 runs from 3 files, "
+                              "1 files skipped (unreadable or not runs), ")
+    assert f"{len(vision.MAIN_ROWS + vision.OTHER_ROWS) * 3 - 2} planned runs missing" in summary
+    row = next(ln for ln in page.read_text().splitlines() if ln.startswith("| uniform | Info"))
+    assert "| 0.250 |" in row  # ref. hardness: the one run that measured it (the other: none)
+    assert vision.main(["--results", str(res), "--in-place"]) == 0
+    assert tracked.is_file()
+    with pytest.raises(SystemExit) as exc:
+        vision.main(["--results", str(res), "--in-place", "--out", "elsewhere.md"])
+    assert exc.value.code == 2 and "--in-place writes docs/results/vision.md" in \
+        capsys.readouterr().err
+
+
+def test_vision_reference_hardness_column_reads_old_runs_as_not_measured():
+    old = _vision_run("uniform", "infonce", 0, 0.5)
+    new = _vision_run("proximity", "infonce", 0, 0.5,
+                      reference_diagnostics={"mean_hardness": 0.61, "embedding": "x"})
+    rows = vision.table([old, new], [("uniform", "infonce"), ("proximity", "infonce")])
+    header = [c.strip() for c in rows[0].split("|")]
+    col = header.index("ref. hardness")
+    assert [c.strip() for c in rows[2].split("|")][col] == "—"
+    assert [c.strip() for c in rows[3].split("|")][col] == "0.610"

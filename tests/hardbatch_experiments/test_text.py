@@ -223,6 +223,8 @@ def test_bench_simcse_short_run_and_skip(minilm, data_root, tiny_sts, tmp_path, 
     d = rec["diagnostics"]
     assert -1 <= d["mean_hardness"] <= 1 and 0 <= d["mean_near_duplicate_rate"] <= 1
     assert len(rec["diagnostics_per_batch"]["hardness"]) == 1
+    ref = rec["reference_diagnostics"]  # issue 22.5: the starting model's embeddings
+    assert ref["mean_hardness"] == d["mean_hardness"] and "starting model" in ref["embedding"]
     assert rec["wall_time_s"] > 0 and rec["env"]["cpus"] and "simcse" in rec["command"]
     capsys.readouterr()
     mtime = files[0].stat().st_mtime_ns

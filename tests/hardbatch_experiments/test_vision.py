@@ -212,11 +212,18 @@ def test_bench_simclr_tiny_run_and_skip(data_root, tmp_path, capsys):
     assert [e["step"] for e in rec["evals"]] == [0, 1, 2]
     assert len(rec["trace"]["false_negative_rate"]) == 2 and rec["images_per_second"] > 0
     assert rec["config"]["train_size"] == 200 and rec["config"]["test_size"] == 100
+    # issue 22.5: the batches measured in one fixed reference shared by every arm of the seed
+    ref = rec["reference_diagnostics"]
+    assert len(rec["trace"]["reference_hardness"]) == 2 and -1 <= ref["mean_hardness"] <= 1
+    assert 0 <= ref["mean_near_duplicate_rate"] <= 1 and "untrained network" in ref["embedding"]
+    assert ref["mean_hardness"] == pytest.approx(sum(rec["trace"]["reference_hardness"]) / 2)
     assert not list(tmp_path.glob(".*.ckpt")) and not list(tmp_path.glob(".*.lock"))
     mtime = files[0].stat().st_mtime_ns
     capsys.readouterr()
     assert main(args) == 0
-    assert "1/1 runs done, 0 to run" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "1/1 runs done, 0 to run" in out
+    assert "[simclr] done: 0 ran, 1 skipped (finished before), 0 failed, 0 missing" in out
     assert files[0].stat().st_mtime_ns == mtime
 
 

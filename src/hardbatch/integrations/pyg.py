@@ -3,19 +3,26 @@
 A hardbatch sampler is a batch sampler over item ids, so it plugs straight into PyG's loader::
 
     from torch_geometric.loader import DataLoader
-    from hardbatch.integrations.pyg import IndexedGraphDataset, graph_embeddings
+    from hardbatch.integrations.pyg import IndexedGraphDataset, augment_batch, tu_dataset
 
-    data = IndexedGraphDataset(TUDataset(root, "MUTAG"))     # adds data.item_id
+    data = IndexedGraphDataset(tu_dataset(root, "MUTAG"))   # adds data.item_id
     bank = hb.EmbeddingBank(len(data), dim=128)
     sampler = hb.ProximityGraphSampler(bank, batch_size=128, candidates=100, neighbors=50)
     loader = DataLoader(data, batch_sampler=sampler)          # batch_size / shuffle left unset
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         for batch in loader:
-            z1, z2 = model(augment(batch)), model(augment(batch))   # [num_graphs, d]
+            z1, z2 = model(augment_batch(batch)), model(augment_batch(batch))  # [num_graphs, d]
             loss = criterion(z1, z2)
             ...
             bank.update(batch.item_id, z1.detach())
+
+:func:`tu_dataset` is PyG's ``TUDataset`` over the raw TU-Dortmund layout as distributed
+(``ROOT/NAME/NAME_A.txt``, ``NAME_graph_indicator.txt``, ... without PyG's ``raw/`` folder,
+possibly read-only, some files gzipped): it reads them in place and keeps PyG's processed
+tensors in a writable cache. GraphCL's augmentations (node dropping, edge perturbation,
+attribute masking, subgraph) are public in :mod:`hardbatch.integrations.pyg_augment` and
+re-exported here (:func:`augment_batch` on a PyG ``Batch``, :func:`augment` on tensors).
 
 ``IndexedGraphDataset`` stores each graph's position as the graph-level attribute ``item_id``
 (PyG batches it into a ``[num_graphs]`` tensor; the name avoids ``"index"``, which PyG would
@@ -28,12 +35,20 @@ torch_geometric is imported only inside the functions that need it.
 from __future__ import annotations
 
 import copy
+import gzip
+import os
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
 
-__all__ = ["IndexedGraphDataset", "embedding_source", "graph_embeddings", "update_bank"]
+from .pyg_augment import AUGMENTATIONS, augment, augment_batch, augment_released
+
+__all__ = ["AUGMENTATIONS", "IndexedGraphDataset", "augment", "augment_batch",
+           "augment_released", "embedding_source", "graph_embeddings", "tu_dataset",
+           "update_bank"]
 
 ITEM_KEY = "item_id"
 
@@ -113,3 +128,112 @@ def embedding_source(
 ) -> Callable[[], torch.Tensor]:
     """A callable embedding source for samplers: a fresh :func:`graph_embeddings` pass per call."""
     return lambda: graph_embeddings(model, dataset, batch_size, device)
+
+
+def _tu_folder(root: Path, name: str) -> Path:
+    for folder in (root / name, root / name / "raw", root):
+        if any((folder / f"{name}_A{ext}").is_file() for ext in (".txt", ".txt.gz")):
+            return folder
+    raise FileNotFoundError(
+        f"TU dataset {name}: {name}_A.txt(.gz) not found in {root / name}, {root / name / 'raw'} "
+        f"or {root}; pass root= the folder holding {name}/ in the raw TU-Dortmund format "
+        "(nothing is downloaded)")
+
+
+def _raw_dir(folder: Path, name: str, cache: Path) -> Path:
+    """``folder`` when all its TU files are plain text; else a cache folder holding the plain
+    files (symlinked) and the gzipped ones decompressed, built once."""
+    gz = sorted(folder.glob(f"{name}_*.txt.gz"))
+    if not gz:
+        return folder
+    raw = cache / name / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for path in sorted(folder.glob(f"{name}_*.txt")) + gz:
+        target = raw / path.name.removesuffix(".gz")
+        if target.exists():
+            continue
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        else:
+            try:
+                tmp.symlink_to(path.resolve())
+            except OSError:  # no symlinks here: copy
+                shutil.copyfile(path, tmp)
+        os.replace(tmp, target)
+    return raw
+
+
+_TU_CLASS = None
+
+
+def _tu_class():
+    """PyG's ``TUDataset`` with its raw and processed folders chosen by :func:`tu_dataset`
+    (built on first use, so importing this module does not import torch_geometric)."""
+    global _TU_CLASS
+    if _TU_CLASS is None:
+        from torch_geometric.datasets import TUDataset
+
+        class RawTUDataset(TUDataset):
+            """``TUDataset`` reading raw files from ``raw_folder`` (no ``raw/`` layout), with
+            processed tensors under ``cache/NAME/processed``; never downloads."""
+
+            def __init__(self, raw_folder: str, cache: str, name: str, **kwargs) -> None:
+                self._raw_folder, self._cache = raw_folder, cache
+                super().__init__(cache, name, **kwargs)
+
+            @property
+            def raw_dir(self) -> str:
+                return self._raw_folder
+
+            @property
+            def processed_dir(self) -> str:
+                return os.path.join(self._cache, self.name, "processed")
+
+            def download(self) -> None:
+                raise FileNotFoundError(f"TU dataset {self.name}: raw files missing in "
+                                        f"{self._raw_folder} (nothing is downloaded)")
+
+        RawTUDataset.__module__ = __name__
+        RawTUDataset.__qualname__ = "RawTUDataset"
+        _TU_CLASS = RawTUDataset
+    return _TU_CLASS
+
+
+def __getattr__(name: str):  # pickling a dataset (DataLoader workers) finds the class by name
+    if name == "RawTUDataset":
+        return _tu_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def tu_dataset(root: str | os.PathLike, name: str, cache_dir: str | os.PathLike | None = None,
+               **kwargs):
+    """PyG's ``TUDataset(root, name)`` over the raw TU-Dortmund layout as distributed.
+
+    ``TUDataset`` expects ``ROOT/NAME/raw/NAME_A.txt`` and writes ``ROOT/NAME/processed``; the
+    TU files as distributed (and as ``shared/data/tu`` holds them) lie in ``ROOT/NAME/``
+    directly, may be read-only and may be gzipped (``NAME_A.txt.gz``). This reads them in
+    place (gzipped files are decompressed once into the cache) and writes PyG's processed
+    tensors into ``cache_dir/NAME/processed``; nothing is written into ``root`` and nothing is
+    downloaded. Graphs, features and labels are exactly ``TUDataset``'s (``read_tu_data``).
+
+    Args:
+        root: the folder holding ``NAME/`` (or ``NAME/raw/``, PyG's layout, or the files
+            themselves).
+        name: the dataset name, e.g. ``"MUTAG"``.
+        cache_dir: writable folder for the processed tensors (default:
+            ``$HARDBATCH_CACHE/pyg_tu``, else ``~/.cache/hardbatch/pyg_tu``).
+        kwargs: ``TUDataset``'s options (``transform``, ``use_node_attr``, ...).
+
+    The one-line alternative with plain PyG, for plain-text files in a writable folder:
+    ``os.symlink(ROOT / NAME, ROOT / NAME / "raw")`` once, then ``TUDataset(ROOT, NAME)``.
+    """
+    root = Path(root).expanduser()
+    folder = _tu_folder(root, name)
+    if cache_dir is None:
+        base = os.environ.get("HARDBATCH_CACHE")
+        cache_dir = (Path(base) if base else Path.home() / ".cache" / "hardbatch") / "pyg_tu"
+    cache = Path(cache_dir).expanduser()
+    raw = _raw_dir(folder, name, cache)
+    return _tu_class()(str(raw), str(cache), name, **kwargs)

@@ -40,6 +40,7 @@ from torch.utils.data import Sampler
 from .. import distributed as hbdist
 from .._device import shard_range
 from ..registry import canonical_sampler, make_sampler
+from ..samplers.duplicates import shared_value_keys
 
 __all__ = [
     "DEFAULT_SAMPLER",
@@ -47,6 +48,7 @@ __all__ = [
     "HardNegativeBatchSamplerFactory",
     "TextEmbeddingSource",
     "hard_negative_batch_sampler",
+    "row_keys",
     "sampler_name",
 ]
 
@@ -196,7 +198,12 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
         candidates, neighbors, restart: proximity-graph M, K and RWR restart probability;
             defaults follow BatchSampler's advice for pre-trained language models (alpha 0.7,
             K up to 500, M up to 1000), capped to fit small datasets (M < N/2, K < M/2).
-        **sampler_kwargs: passed on to the hardbatch sampler (``quantile`` for GCBS, ...).
+        no_duplicates: (default True) no text appears twice in a batch, as with
+            ``NoDuplicatesBatchSampler``: rows sharing any value of a column (label columns
+            and ``dataset_name`` aside) get the same ``duplicate_keys`` (transitively:
+            :func:`~hardbatch.samplers.duplicates.shared_value_keys`). False: no keys.
+        **sampler_kwargs: passed on to the hardbatch sampler (``quantile`` for GCBS, own
+            ``duplicate_keys``, which replace the texts' keys, ...).
 
     The plan is global (``rank=0, world_size=1``): under multi-GPU training accelerate shards
     its batches across processes, and every process computes the same plan from the same
@@ -223,6 +230,7 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
         neighbors: int | None = None,
         restart=0.7,
         show_progress_bar: bool = False,
+        no_duplicates: bool = True,
         **sampler_kwargs: Any,
     ) -> None:
         sampler = sampler_name(sampler)
@@ -240,6 +248,11 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
             model, texts, encode_batch_size, show_progress_bar, initial=embeddings
         )
         common = {"drop_last": self.drop_last, "seed": self.seed, "rank": 0, "world_size": 1}
+        if sampler != DEFAULT_SAMPLER:  # own keys, else the texts' (NoDuplicates' rule)
+            keys = sampler_kwargs.pop("duplicate_keys", None)
+            if keys is None and no_duplicates:
+                keys = row_keys(dataset, valid_label_columns)
+            common["duplicate_keys"] = keys
         if sampler in ("uniform", DEFAULT_SAMPLER):
             if sampler_kwargs:
                 raise ValueError(
@@ -285,6 +298,21 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
     def refreshes(self) -> int:
         """Encoding passes over the dataset so far (including the one at construction)."""
         return self.source.calls
+
+
+def row_keys(dataset, label_columns: list[str] | None = None) -> list[int]:
+    """One duplicate key per row: rows sharing any value of any column (but the label
+    columns and ``dataset_name``, as ``NoDuplicatesBatchSampler`` compares them) share it."""
+    skip = set(label_columns or []) | {"dataset_name"}
+    columns = [list(dataset[c]) for c in getattr(dataset, "column_names", []) if c not in skip]
+    if not columns:
+        raise ValueError("the dataset has no column_names to find duplicate texts in: pass a "
+                         "datasets.Dataset, duplicate_keys=..., or no_duplicates=False")
+
+    def value(v):  # lists, dicts, images: compared by their repr
+        return v if isinstance(v, (str, bytes, int, float)) else repr(v)
+
+    return shared_value_keys(zip(*[[value(v) for v in col] for col in columns]))
 
 
 def _same_texts(dataset, reference, text_column: str | None) -> bool:

@@ -12,9 +12,13 @@ positive pair) and compares each anchor with its positive against a set of negat
   (``-log(pos / sum_j neg_ij)``), which this form does not.
 
 Optional ``labels`` ``[B]`` mask known false negatives (no item with the anchor's label is ever a
-negative; the positive pair stays the positive), optional ``negatives`` ``[m, d]`` (a memory bank as
-in MoCo, or explicit hard negatives) are appended to every anchor's negatives. ``B >= 2`` is needed
+negative; the positive pair stays the positive); ``false_negatives``, a bool ``[B, B]`` item mask
+(True: item ``j`` is not a negative of anchor ``i``; e.g. :func:`guided_mask`, GISTEmbed's guide
+rule) generalises them. Optional ``negatives`` ``[m, d]`` (a memory bank as in MoCo, or explicit
+hard negatives) are appended to every anchor's negatives and never masked. ``B >= 2`` is needed
 without ``negatives``; with at least one row of them a single pair (``B = 1``) is enough.
+``gather=True`` contrasts this rank's anchors with every rank's candidates (all-gathered with
+gradient; :mod:`.batch`), scaled so that DDP's averaged gradient is the global batch's.
 
 Writing ``pos = exp(s_i+ / t)`` and ``neg_ij = exp(s_ij / t)`` (cosine similarities ``s`` when
 ``normalize=True``) and ``N`` for the number of negatives of row ``i``:
@@ -46,8 +50,9 @@ Rows left without any negative (every other item shares the anchor's label and t
 bank) have loss ``-log(pos / pos) = 0`` and zero gradient; ``reduction="mean"`` still counts them.
 
 Layout: :mod:`.functional` (the functions), :mod:`.modules` (the modules and their options
-classes); internal: :mod:`.core` (logits, log-space negative term, debiasing, autocast) and
-:mod:`.synthetic` (SSCL's synthetic negatives). Input checks live in ``hardbatch._validation``.
+classes), :mod:`.masks` (:func:`guided_mask`); internal: :mod:`.batch` (checked, cast,
+normalised and gathered inputs), :mod:`.core` (logits, log-space negative term, debiasing,
+autocast) and :mod:`.synthetic` (SSCL's synthetic negatives). Input checks live in ``hardbatch._validation``.
 """
 
 from .functional import (
@@ -57,6 +62,7 @@ from .functional import (
     info_nce,
     sscl_loss,
 )
+from .masks import guided_mask
 from .modules import DebiasedInfoNCE, HardNegativeInfoNCE, InfoNCE, SSCLLoss
 
 __all__ = [
@@ -66,6 +72,7 @@ __all__ = [
     "SSCLLoss",
     "debiased_floor_stats",
     "debiased_info_nce",
+    "guided_mask",
     "hard_negative_info_nce",
     "info_nce",
     "sscl_loss",

@@ -1,11 +1,13 @@
 """Internal core of the losses: the logits of a batch and the negative term in log space.
 
 Not public API (the losses are :mod:`hardbatch.losses`); :mod:`.functional` and :mod:`.synthetic`
-build on these names. :func:`build_logits` turns the two ``[B, d]`` views (and optional labels
-and extra negatives) into ``[R, C]`` logits, ``-inf`` where a column is not a negative of the row;
+build on these names. :func:`build_logits` turns the two ``[B, d]`` views (and optional labels,
+false-negative mask and extra negatives, prepared and with ``gather`` all-gathered by
+:mod:`.batch`) into ``[R, C]`` logits, ``-inf`` where a column is not a negative of the row;
 :func:`log_negative_sum` is ``log S``, the plain or HCL-reweighted sum of the negatives
 (:class:`WeightedLogSumExp`); :func:`debias` is DCL's ``log Ng`` (BatchSampler eq. 18) with its
-floor; :func:`finish` the per-row loss ``softplus(log Ng - log pos)`` and the reduction.
+floor; :func:`finish` the per-row loss ``softplus(log Ng - log pos)`` and the reduction (scaled
+for DDP when gathered).
 :func:`without_autocast` runs a loss with ``torch.autocast`` disabled.
 """
 
@@ -21,7 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .._validation import check_choice, check_pair_inputs, check_temperature
+from .._validation import check_choice, check_temperature
+from .batch import prepare_batch
 
 Form = Literal["simclr", "simcse"]
 Reduction = Literal["mean", "sum", "none"]
@@ -47,6 +50,9 @@ class Logits:
     keys: Tensor  # [C, d]
     queries: Tensor  # [R, d], already divided by t (logits = queries @ keys.T)
     temperature: float
+    world: int = 1  # ranks the candidates were gathered from (1: no gather)
+    global_rows: int = 0  # rows of the global batch (with gather)
+    row_ids: Tensor | None = None  # [R] global row index of each row (with gather)
 
 
 class Exclude(torch.autograd.Function):
@@ -160,13 +166,6 @@ def without_autocast(fn):
     return wrapper
 
 
-def _compute_dtype(*xs: Tensor) -> torch.dtype:
-    dtype = xs[0].dtype
-    for x in xs[1:]:
-        dtype = torch.promote_types(dtype, x.dtype)
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 def build_logits(
     anchor: Tensor,
     positive: Tensor,
@@ -177,58 +176,69 @@ def build_logits(
     negatives: Tensor | None,
     normalize: bool,
     check_finite: bool,
+    false_negatives: Tensor | None = None,
+    gather: bool = False,
+    group=None,
 ) -> Logits:
     """Check the inputs and build the :class:`Logits` of one batch.
 
-    Rows: the ``R = 2B`` views (``form="simclr"``) or the ``B`` anchors (``"simcse"``); columns:
-    the batch keys (``2B`` views or ``B`` positives) then the ``m`` rows of ``negatives``.
+    Rows: this rank's ``R = 2b`` views (``form="simclr"``) or ``b`` anchors (``"simcse"``);
+    columns: the batch keys (``2B`` views or ``B`` positives; ``B = b`` unless ``gather``, see
+    :mod:`.batch`) then the ``m`` rows of ``negatives``. An item excluded for anchor ``i``
+    (same label, ``false_negatives``) loses both its views in both of ``i``'s rows.
     Half-precision inputs are computed in float32.
     """
     temperature = check_temperature(temperature)
     check_choice("form", form, FORMS)
-    check_pair_inputs(anchor, positive, labels, negatives, check_finite)
-
-    dtype = _compute_dtype(anchor, positive)
-    za, zp = anchor.to(dtype), positive.to(dtype)
-    bank = None if negatives is None or negatives.shape[0] == 0 else negatives.to(dtype)
-    if normalize:
-        za, zp = F.normalize(za, dim=1), F.normalize(zp, dim=1)
-        bank = None if bank is None else F.normalize(bank, dim=1)
-    b = za.shape[0]
+    batch = prepare_batch(anchor, positive, labels=labels, negatives=negatives,
+                          false_negatives=false_negatives, normalize=normalize,
+                          check_finite=check_finite, gather=gather, group=group)
+    za, zp, bank = batch.anchor, batch.positive, batch.bank
+    b, total, off = za.shape[0], batch.total, batch.offset
     m = 0 if bank is None else bank.shape[0]
+    gathered = batch.world > 1
 
     log_pos = (za * zp).sum(dim=1) / temperature
     if form == "simclr":
         batch_keys = queries = torch.cat([za, zp])
+        if gathered:
+            batch_keys = torch.cat([batch.all_anchor, batch.all_positive])
         log_pos = torch.cat([log_pos, log_pos])
     else:
-        batch_keys, queries = zp, za
+        batch_keys, queries = batch.all_positive, za
     keys = batch_keys if bank is None else torch.cat([batch_keys, bank])
     # Scaling the [R, d] queries is cheaper than scaling the [R, C] logits.
     queries = queries / temperature
     logits = queries @ keys.T
     rows, cb = queries.shape[0], batch_keys.shape[0]
+    row_ids = None
+    if gathered:  # the rows of this rank in the global batch's row order
+        own = torch.arange(off, off + b, device=logits.device)
+        row_ids = torch.cat([own, own + total]) if form == "simclr" else own
+    extra = (batch.world, (2 if form == "simclr" else 1) * total, row_ids)
 
-    if labels is None:
+    if batch.excluded is None:
         num_neg = cb - (2 if form == "simclr" else 1) + m
         idx = torch.arange(rows, device=logits.device)
         if form == "simclr":
-            pos_col = torch.cat([idx[b:], idx[:b]])
-            excluded = (torch.cat([idx, idx]), torch.cat([idx, pos_col]))
+            ar = idx[:b] + off
+            self_col = torch.cat([ar, ar + total])
+            pos_col = torch.cat([ar + total, ar])
+            excluded = (torch.cat([idx, idx]), torch.cat([self_col, pos_col]))
         else:
-            excluded = (idx, idx)
+            excluded = (idx, idx + off)
         logits = Exclude.apply(logits, excluded, None)
-        return Logits(logits, log_pos, num_neg, None, keys, queries, temperature)
+        return Logits(logits, log_pos, num_neg, None, keys, queries, temperature, *extra)
 
-    labels = labels.to(logits.device)
-    row_labels = torch.cat([labels, labels]) if form == "simclr" else labels
-    # Same-label columns include the row itself and its positive, so no index fill is needed.
-    same = row_labels[:, None] == row_labels[None, :cb]
-    _, inverse, counts = torch.unique(labels, return_inverse=True, return_counts=True)
-    same_count = counts[inverse] * (2 if form == "simclr" else 1)
-    num_neg = cb - same_count + m
+    # Excluded columns include the row's own views, so no index fill is needed.
+    same = batch.excluded
+    per_view = same.sum(dim=1)
     if form == "simclr":
+        same = same.repeat(2, 2)
+        num_neg = cb - 2 * per_view + m
         num_neg = torch.cat([num_neg, num_neg])
+    else:
+        num_neg = cb - per_view + m
     has_neg = num_neg > 0
     if bool(has_neg.all()):
         has_neg = None
@@ -239,7 +249,7 @@ def build_logits(
     if m:
         same = torch.cat([same, same.new_zeros(rows, m)], dim=1)
     logits = Exclude.apply(logits, None, same)
-    return Logits(logits, log_pos, num_neg, has_neg, keys, queries, temperature)
+    return Logits(logits, log_pos, num_neg, has_neg, keys, queries, temperature, *extra)
 
 
 def log_negative_sum(
@@ -282,14 +292,20 @@ def debias(
 
 
 def finish(core: Logits, log_ng: Tensor, reduction: str) -> Tensor:
-    """Per-row ``-log(pos / (pos + Ng)) = softplus(log Ng - log pos)``, then the reduction."""
+    """Per-row ``-log(pos / (pos + Ng)) = softplus(log Ng - log pos)``, then the reduction.
+
+    Gathered over W ranks, ``"mean"`` / ``"sum"`` return W times this rank's share of the global
+    batch's mean / sum (``W / R_global * sum of own rows``, ``W * sum``): DDP averages the
+    ranks' gradients, so it then applies the global batch's gradient, and the ranks' values
+    average to the global loss. ``"none"`` returns the own rows unscaled.
+    """
     loss = F.softplus(log_ng - core.log_pos, beta=1.0, threshold=40.0)
     if core.has_neg is not None:
         loss = torch.where(core.has_neg, loss, torch.zeros_like(loss))
     if reduction == "mean":
-        return loss.mean()
+        return loss.mean() if core.world == 1 else loss.sum() * (core.world / core.global_rows)
     if reduction == "sum":
-        return loss.sum()
+        return loss.sum() if core.world == 1 else loss.sum() * core.world
     return loss
 
 

@@ -45,6 +45,9 @@ def contrastive_loss(
     normalize: bool = True,
     reduction: Reduction = "mean",
     check_finite: bool = True,
+    false_negatives: Tensor | None = None,
+    gather: bool = False,
+    group=None,
 ) -> Tensor:
     """The general loss ``-log(pos / (pos + Ng))`` (BatchSampler eq. 16-18, SSCL eq. 2-4).
 
@@ -78,7 +81,8 @@ def contrastive_loss(
     beta = check_beta(beta)
     hardest, synthetic = check_synthetic(hardest, synthetic)
     core = build_logits(anchor, positive, temperature=temperature, form=form, labels=labels,
-                        negatives=negatives, normalize=normalize, check_finite=check_finite)
+                        negatives=negatives, normalize=normalize, check_finite=check_finite,
+                        false_negatives=false_negatives, gather=gather, group=group)
     blocks, added = [core.logits], 0
     if synthetic > 0:
         syn, added = synthetic_logits(
@@ -97,6 +101,7 @@ def info_nce(
     anchor: Tensor, positive: Tensor, *, temperature: float = 0.5, form: Form = "simclr",
     labels: Tensor | None = None, negatives: Tensor | None = None, normalize: bool = True,
     reduction: Reduction = "mean", check_finite: bool = True,
+    false_negatives: Tensor | None = None, gather: bool = False, group=None,
 ) -> Tensor:
     """InfoNCE / NT-Xent: ``-log(pos / (pos + sum_j neg_ij))`` (BatchSampler eq. 16 and 17).
 
@@ -106,23 +111,40 @@ def info_nce(
         form: ``"simclr"`` (``2B`` anchors, ``2B - 2`` negatives each, eq. 16) or ``"simcse"``
             (``B`` anchors against the ``B`` positives, ``B - 1`` negatives each, eq. 17).
         labels: optional ``[B]`` class labels; items sharing the anchor's label are not negatives.
-        negatives: optional ``[m, d]`` extra negatives appended for every anchor (memory bank).
-        normalize: L2-normalise the embeddings first (cosine similarity).
+        negatives: optional ``[m, d]`` extra negatives appended for every anchor (memory bank);
+            never masked by ``labels`` or ``false_negatives``.
+        normalize: L2-normalise the embeddings first (cosine similarity; scale-safe).
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` (per-row ``[2B]`` simclr / ``[B]`` simcse).
         check_finite: raise ``ValueError`` on NaN / inf inputs (one device sync on GPU).
+        false_negatives: optional bool ``[B, B]``, True where item ``j`` is not a negative of
+            anchor ``i`` (e.g. :func:`~hardbatch.losses.guided_mask`); in the SimCLR form both
+            views of ``j`` leave both rows of ``i`` (``i`` and ``B + i``). It generalises
+            ``labels`` (``M[i, j] = labels[i] == labels[j]``); with both, their union. The
+            diagonal is ignored: the positive pair always stays the positive. ``N`` then varies
+            per row (DCL / HCL) and SSCL picks its hardest among the remaining negatives.
+        gather: all-gather the embeddings (with gradient), ``negatives`` and ``labels`` from
+            every rank of ``group`` (default: the default process group): this rank's rows are
+            contrasted with the global batch (the ranks' batches concatenated in rank order; they
+            may differ in size). ``false_negatives`` is then ``[b, B_global]``. The value is
+            scaled so that DDP's averaged gradient is the global batch's gradient (see
+            docs/losses.md, "Gathered negatives"). Without an initialised process group it does
+            nothing (one warning). Every rank must call the loss, and its backward, together.
+        group: the process group of ``gather`` (None: the default group).
 
     Returns:
         The loss, a scalar or ``[R]`` for ``reduction="none"``.
     """
     return contrastive_loss(anchor, positive, temperature=temperature, form=form, labels=labels,
                             negatives=negatives, normalize=normalize, reduction=reduction,
-                            check_finite=check_finite)
+                            check_finite=check_finite, false_negatives=false_negatives,
+                            gather=gather, group=group)
 
 
 def debiased_info_nce(
     anchor: Tensor, positive: Tensor, *, temperature: float = 0.5, tau_plus: float = 0.1,
     form: Form = "simclr", labels: Tensor | None = None, negatives: Tensor | None = None,
     normalize: bool = True, reduction: Reduction = "mean", check_finite: bool = True,
+    false_negatives: Tensor | None = None, gather: bool = False, group=None,
 ) -> Tensor:
     """Debiased contrastive loss (DCL, Chuang et al. 2020; BatchSampler eq. 18 with ``lambda = 1``).
 
@@ -133,7 +155,8 @@ def debiased_info_nce(
     """
     return contrastive_loss(anchor, positive, temperature=temperature, tau_plus=tau_plus,
                             form=form, labels=labels, negatives=negatives, normalize=normalize,
-                            reduction=reduction, check_finite=check_finite)
+                            reduction=reduction, check_finite=check_finite,
+                            false_negatives=false_negatives, gather=gather, group=group)
 
 
 def hard_negative_info_nce(
@@ -141,6 +164,7 @@ def hard_negative_info_nce(
     beta: float = 1.0, detach_weights: bool = False, form: Form = "simclr",
     labels: Tensor | None = None, negatives: Tensor | None = None, normalize: bool = True,
     reduction: Reduction = "mean", check_finite: bool = True,
+    false_negatives: Tensor | None = None, gather: bool = False, group=None,
 ) -> Tensor:
     """Hard-negative contrastive loss (HCL, Robinson et al. 2021; BatchSampler eq. 18).
 
@@ -153,7 +177,8 @@ def hard_negative_info_nce(
     return contrastive_loss(anchor, positive, temperature=temperature, tau_plus=tau_plus,
                             beta=beta, detach_weights=detach_weights, form=form, labels=labels,
                             negatives=negatives, normalize=normalize, reduction=reduction,
-                            check_finite=check_finite)
+                            check_finite=check_finite, false_negatives=false_negatives,
+                            gather=gather, group=group)
 
 
 def sscl_loss(
@@ -163,6 +188,7 @@ def sscl_loss(
     generator: torch.Generator | None = None, form: Form = "simclr",
     labels: Tensor | None = None, negatives: Tensor | None = None, normalize: bool = True,
     reduction: Reduction = "mean", check_finite: bool = True,
+    false_negatives: Tensor | None = None, gather: bool = False, group=None,
 ) -> Tensor:
     """SSCL: synthetic hard negatives, reweighted and debiased (Dong et al., eq. 2-4).
 
@@ -198,7 +224,8 @@ def sscl_loss(
                             beta=beta, detach_weights=detach_weights, hardest=hardest,
                             synthetic=synthetic, mix=mix, detach_synthetic=detach_synthetic,
                             generator=generator, form=form, labels=labels, negatives=negatives,
-                            normalize=normalize, reduction=reduction, check_finite=check_finite)
+                            normalize=normalize, reduction=reduction, check_finite=check_finite,
+                            false_negatives=false_negatives, gather=gather, group=group)
 
 
 @without_autocast
@@ -206,6 +233,7 @@ def debiased_floor_stats(
     anchor: Tensor, positive: Tensor, *, temperature: float = 0.5, tau_plus: float = 0.1,
     beta: float = 0.0, form: Form = "simclr", labels: Tensor | None = None,
     negatives: Tensor | None = None, normalize: bool = True, check_finite: bool = True,
+    false_negatives: Tensor | None = None, gather: bool = False, group=None,
 ) -> tuple[float, float]:
     """How often DCL / HCL's negative term sits on its floor ``N e^(-1/t)``, for one batch.
 
@@ -222,7 +250,8 @@ def debiased_floor_stats(
     beta = check_beta(beta)
     with torch.no_grad():
         core = build_logits(anchor, positive, temperature=temperature, form=form, labels=labels,
-                            negatives=negatives, normalize=normalize, check_finite=check_finite)
+                            negatives=negatives, normalize=normalize, check_finite=check_finite,
+                            false_negatives=false_negatives, gather=gather, group=group)
         log_n = log_num_neg(core)
         log_s = log_negative_sum([core.logits], log_n, beta, True)
         log_ng = debias(log_s, core.log_pos, log_n, tau_plus, core.temperature)

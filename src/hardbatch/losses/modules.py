@@ -45,6 +45,8 @@ class InfoNCEOptions:
     normalize: bool = field(default=True, repr=False)
     reduction: Reduction = field(default="mean", repr=False)
     check_finite: bool = field(default=True, repr=False)
+    gather: bool = field(default=False, repr=False)
+    group: object = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name, value in self._checked().items():
@@ -55,6 +57,8 @@ class InfoNCEOptions:
         temperature = check_temperature(self.temperature)
         check_choice("form", self.form, FORMS)
         check_choice("reduction", self.reduction, REDUCTIONS)
+        if not isinstance(self.gather, bool):
+            raise ValueError(f"gather must be True or False, got {self.gather!r}")  # noqa: TRY004
         return {"temperature": temperature}
 
     def kwargs(self) -> dict[str, object]:
@@ -119,7 +123,8 @@ class _Option:
 
 
 class _ContrastiveLoss(nn.Module):
-    """``forward(anchor, positive, labels, negatives)`` = ``function(..., **options.kwargs())``."""
+    """``forward(anchor, positive, labels, negatives, false_negatives)`` =
+    ``function(..., **options.kwargs())``."""
 
     Options: ClassVar[type[InfoNCEOptions]]
     function: ClassVar[Callable[..., Tensor]]
@@ -138,16 +143,20 @@ class _ContrastiveLoss(nn.Module):
         return self.options.describe()
 
     def forward(self, anchor: Tensor, positive: Tensor, labels: Tensor | None = None,
-                negatives: Tensor | None = None) -> Tensor:
+                negatives: Tensor | None = None, false_negatives: Tensor | None = None
+                ) -> Tensor:
         return self.function(anchor, positive, labels=labels, negatives=negatives,
-                             **self.options.kwargs())
+                             false_negatives=false_negatives, **self.options.kwargs())
 
 
 class InfoNCE(_ContrastiveLoss):
     """InfoNCE / NT-Xent module; see :func:`~hardbatch.losses.info_nce`.
 
-    ``forward(anchor, positive, labels=None, negatives=None)`` with ``[B, d]`` views, optional
-    ``[B]`` class labels and ``[m, d]`` extra negatives; lightly-style ``loss(out0, out1)`` works.
+    ``forward(anchor, positive, labels=None, negatives=None, false_negatives=None)`` with
+    ``[B, d]`` views, optional ``[B]`` class labels, ``[m, d]`` extra negatives and a bool
+    ``[B, B]`` false-negative mask; lightly-style ``loss(out0, out1)`` works. ``gather=True``
+    contrasts with every rank's batch (``group``: the process group); see
+    :func:`~hardbatch.losses.info_nce`.
     """
 
     Options = InfoNCEOptions
@@ -155,10 +164,12 @@ class InfoNCE(_ContrastiveLoss):
 
     def __init__(
         self, temperature: float = 0.5, form: Form = "simclr", *, normalize: bool = True,
-        reduction: Reduction = "mean", check_finite: bool = True,
+        reduction: Reduction = "mean", check_finite: bool = True, gather: bool = False,
+        group=None,
     ) -> None:
         super().__init__(InfoNCEOptions(temperature=temperature, form=form, normalize=normalize,
-                                        reduction=reduction, check_finite=check_finite))
+                                        reduction=reduction, check_finite=check_finite,
+                                        gather=gather, group=group))
 
 
 class _DebiasedLoss(_ContrastiveLoss):
@@ -170,13 +181,15 @@ class _DebiasedLoss(_ContrastiveLoss):
     floor_fraction: float | None = None
 
     def forward(self, anchor: Tensor, positive: Tensor, labels: Tensor | None = None,
-                negatives: Tensor | None = None) -> Tensor:
+                negatives: Tensor | None = None, false_negatives: Tensor | None = None
+                ) -> Tensor:
         opts = self.options
         if self.floor_fraction is None and opts.tau_plus > 0 and torch.is_grad_enabled():
             frac, tau_max = debiased_floor_stats(
                 anchor, positive, temperature=opts.temperature, tau_plus=opts.tau_plus,
                 beta=getattr(opts, "beta", 0.0), form=opts.form, labels=labels,
-                negatives=negatives, normalize=opts.normalize, check_finite=opts.check_finite)
+                negatives=negatives, normalize=opts.normalize, check_finite=opts.check_finite,
+                false_negatives=false_negatives, gather=opts.gather, group=opts.group)
             self.floor_fraction = frac
             if frac >= 0.5:
                 warnings.warn(
@@ -187,7 +200,7 @@ class _DebiasedLoss(_ContrastiveLoss):
                     f"{opts.temperature:g}. Lower tau_plus (={opts.tau_plus:g}) below about "
                     f"{tau_max:.1e} or raise the temperature (the DCL / HCL papers use 0.5).",
                     UserWarning, stacklevel=4)  # the caller of module(...)
-        return super().forward(anchor, positive, labels, negatives)
+        return super().forward(anchor, positive, labels, negatives, false_negatives)
 
 
 class DebiasedInfoNCE(_DebiasedLoss):
@@ -202,10 +215,11 @@ class DebiasedInfoNCE(_DebiasedLoss):
     def __init__(
         self, temperature: float = 0.5, tau_plus: float = 0.1, *, form: Form = "simclr",
         normalize: bool = True, reduction: Reduction = "mean", check_finite: bool = True,
+        gather: bool = False, group=None,
     ) -> None:
         super().__init__(DCLOptions(temperature=temperature, form=form, normalize=normalize,
                                     reduction=reduction, check_finite=check_finite,
-                                    tau_plus=tau_plus))
+                                    gather=gather, group=group, tau_plus=tau_plus))
 
 
 class HardNegativeInfoNCE(_DebiasedLoss):
@@ -221,11 +235,13 @@ class HardNegativeInfoNCE(_DebiasedLoss):
     def __init__(
         self, temperature: float = 0.5, tau_plus: float = 0.1, beta: float = 1.0, *,
         form: Form = "simclr", detach_weights: bool = False, normalize: bool = True,
-        reduction: Reduction = "mean", check_finite: bool = True,
+        reduction: Reduction = "mean", check_finite: bool = True, gather: bool = False,
+        group=None,
     ) -> None:
         super().__init__(HCLOptions(temperature=temperature, form=form, normalize=normalize,
                                     reduction=reduction, check_finite=check_finite,
-                                    tau_plus=tau_plus, beta=beta, detach_weights=detach_weights))
+                                    gather=gather, group=group, tau_plus=tau_plus, beta=beta,
+                                    detach_weights=detach_weights))
 
 
 class SSCLLoss(_ContrastiveLoss):
@@ -245,10 +261,11 @@ class SSCLLoss(_ContrastiveLoss):
         hardest: int = 32, synthetic: int = 8, mix: bool = True, *, form: Form = "simclr",
         detach_weights: bool = False, detach_synthetic: bool = False,
         generator: torch.Generator | None = None, normalize: bool = True,
-        reduction: Reduction = "mean", check_finite: bool = True,
+        reduction: Reduction = "mean", check_finite: bool = True, gather: bool = False,
+        group=None,
     ) -> None:
         super().__init__(SSCLOptions(
             temperature=temperature, form=form, normalize=normalize, reduction=reduction,
-            check_finite=check_finite, tau_plus=tau_plus, beta=beta,
+            check_finite=check_finite, gather=gather, group=group, tau_plus=tau_plus, beta=beta,
             detach_weights=detach_weights, hardest=hardest, synthetic=synthetic, mix=mix,
             detach_synthetic=detach_synthetic, generator=generator))

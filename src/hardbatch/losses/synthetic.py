@@ -156,14 +156,23 @@ def synthetic_logits(
     logits = core.logits.detach() if detach else core.logits
     keys = core.keys.detach() if detach else core.keys
     rows = logits.shape[0]
-    max_neg = int(core.num_neg.max()) if isinstance(core.num_neg, Tensor) else core.num_neg
+    # float32 draws whatever the input dtype, so a seed gives the same negatives in every precision.
+    if core.row_ids is None:
+        draws = None
+    else:  # gathered: the global batch's draws, this rank's rows (same as one process); drawn
+        # first, so that every rank's generator advances alike, even a rank without rows
+        draws = torch.rand(core.global_rows, synthetic, 3, generator=generator,
+                           device=logits.device)[core.row_ids]
+    max_neg = core.num_neg
+    if isinstance(max_neg, Tensor):
+        max_neg = int(max_neg.max()) if rows else 0
     s = min(hardest, max_neg)
-    if s == 0:
+    if s == 0 or rows == 0:
         return logits.new_empty(rows, 0), 0
     # Decreasing order: rows with fewer than s negatives (labels) have the valid ones first.
     hard = hardest_columns(logits, s).to(logits.device)
-    # float32 draws whatever the input dtype, so a seed gives the same negatives in every precision.
-    draws = torch.rand(rows, synthetic, 3, generator=generator, device=logits.device)
+    if draws is None:
+        draws = torch.rand(rows, synthetic, 3, generator=generator, device=logits.device)
     if isinstance(core.num_neg, Tensor):
         count = core.num_neg.clamp(max=s)[:, None, None]  # valid hard negatives of each row
         pick = torch.minimum((draws[..., :2] * count).long(), (count - 1).clamp(min=0))

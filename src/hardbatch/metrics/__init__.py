@@ -15,7 +15,15 @@ training, or to monitor them during training:
 * for a whole batch plan: :func:`loss_gap`, the gap between the global NT-Xent loss and the
   loss actually seen with in-batch negatives (GCBS paper, Definitions 3.1 / 3.2 and the
   quantity of section 7.2, Fig. 3, that GCBS minimises), and :class:`LossGap` for several
-  plans of one table.
+  plans of one table;
+* in a fixed coordinate system: hardness and loss gap in each run's *current* embedding move
+  with the model, so :func:`batch_stats`, :func:`plan_stats`, :func:`loss_gap` and
+  :class:`LossGap` take ``reference=`` (an ``[N, d]`` array, tensor or ``.npy`` / ``.npz`` /
+  ``.pt`` file; :func:`load_reference`) and add the same figures measured in it
+  (``reference_*`` keys), and every function taking ``embeddings`` takes a file too. The
+  false-negative rate with labels does not depend on any embedding; without labels
+  :func:`batch_near_duplicate_rate` (pairs above a cosine threshold) under a reference is the
+  label-free estimate.
 
 Pairs are taken over batch *positions*: a batch that repeats an id holds a pair of an item with
 itself (cosine 1, same label). That is exactly what an in-batch contrastive loss sees, so a
@@ -28,12 +36,15 @@ is any iterable of batches (a list, a 2-D array, or a sampler, which is iterated
 Bad input raises ``ValueError`` naming the parameter and the fix.
 
 Modules: :mod:`~hardbatch.metrics.batches` (per batch and per plan),
-:mod:`~hardbatch.metrics.global_loss` (global vs training loss).
+:mod:`~hardbatch.metrics.global_loss` (global vs training loss),
+:mod:`~hardbatch.metrics.files` (embedding, label and reference files).
 """
 from .batches import (
+    NEAR_DUPLICATE,
     batch_duplicate_rate,
     batch_false_negative_rate,
     batch_hardness,
+    batch_near_duplicate_rate,
     batch_stats,
     coverage,
     draw_counts,
@@ -41,18 +52,24 @@ from .batches import (
     plan_stats,
     similarity_histogram,
 )
+from .files import load_reference, read_embeddings_file, read_labels_file
 from .global_loss import LossGap, loss_gap
 
 __all__ = [
+    "NEAR_DUPLICATE",
     "LossGap",
     "batch_duplicate_rate",
     "batch_false_negative_rate",
     "batch_hardness",
+    "batch_near_duplicate_rate",
     "batch_stats",
     "coverage",
     "draw_counts",
+    "load_reference",
     "loss_gap",
     "negative_similarities",
     "plan_stats",
+    "read_embeddings_file",
+    "read_labels_file",
     "similarity_histogram",
 ]

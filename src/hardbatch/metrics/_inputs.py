@@ -6,6 +6,7 @@ Bad input raises ``ValueError`` naming the parameter and the fix.
 from __future__ import annotations
 
 import numbers
+import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -13,12 +14,13 @@ import torch
 from torch import Tensor
 
 from .._validation import check_matrix_shape
+from .files import load_reference
 
 __all__ = ["ArrayLike", "BatchLike", "as_batch", "as_batches", "check_num_items",
-           "embedding_table", "labels_array", "unit_rows"]
+           "embedding_table", "labels_array", "reference_table", "unit_rows"]
 
 BatchLike = Sequence[int] | np.ndarray | Tensor
-ArrayLike = Tensor | np.ndarray | Sequence
+ArrayLike = Tensor | np.ndarray | Sequence | str | os.PathLike
 
 
 def check_num_items(num_items, name: str = "num_items") -> int:
@@ -78,7 +80,11 @@ def as_batches(batches, num_items: int | None, name: str = "batches") -> list[np
 
 
 def embedding_table(embeddings, name: str = "embeddings"):
-    """(table, N, d) with shape and dtype checked; no copy of the whole table."""
+    """(table, N, d) with shape and dtype checked; no copy of the whole table (a file path is
+    read with :func:`~hardbatch.metrics.files.read_embeddings_file`)."""
+    if isinstance(embeddings, (str, os.PathLike)):
+        table = load_reference(embeddings, name=name)
+        return table, int(table.shape[0]), int(table.shape[1])
     if isinstance(embeddings, Tensor):
         table = embeddings.detach()
         is_float = table.is_floating_point() or not (
@@ -94,6 +100,18 @@ def embedding_table(embeddings, name: str = "embeddings"):
     if not is_float:
         raise ValueError(f"{name} must hold real numbers, got dtype {table.dtype}")
     return table, int(table.shape[0]), int(table.shape[1])
+
+
+def reference_table(reference, num_items: int):
+    """A ``reference=`` argument (array, tensor or file) as an ``[N, d]`` table of ``num_items``
+    rows (see :func:`~hardbatch.metrics.files.load_reference`); tensors are used as they are."""
+    if isinstance(reference, Tensor):
+        table, n, _ = embedding_table(reference, "reference")
+        if n != num_items:
+            raise ValueError(f"reference has {n} rows but embeddings has {num_items}; a "
+                             "reference holds one row per item, in the items' order")
+        return table
+    return load_reference(reference, num_items)
 
 
 def unit_rows(table, ids: np.ndarray, name: str = "embeddings") -> Tensor:

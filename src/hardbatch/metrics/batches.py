@@ -22,12 +22,17 @@ from ._inputs import (
     check_num_items,
     embedding_table,
     labels_array,
+    reference_table,
     unit_rows,
 )
 
-__all__ = ["batch_duplicate_rate", "batch_false_negative_rate", "batch_hardness", "batch_stats",
-           "coverage", "draw_counts", "negative_similarities", "plan_stats",
-           "similarity_histogram"]
+__all__ = ["NEAR_DUPLICATE", "batch_duplicate_rate", "batch_false_negative_rate",
+           "batch_hardness", "batch_near_duplicate_rate", "batch_stats", "coverage",
+           "draw_counts", "negative_similarities", "plan_stats", "similarity_histogram"]
+
+#: Default cosine above which an in-batch pair counts as a near-duplicate (a likely false
+#: negative when no labels exist), under the embedding it is measured in.
+NEAR_DUPLICATE = 0.9
 
 
 def _pairwise(embeddings, batch) -> tuple[Tensor, np.ndarray]:
@@ -63,6 +68,18 @@ def _fn_rate_of(batch_labels: np.ndarray) -> float:
 
 def _duplicate_rate_of(ids: np.ndarray) -> float:
     return float(1.0 - np.unique(ids).size / ids.size)
+
+
+def _check_threshold(near_duplicate) -> float:
+    try:
+        value = float(near_duplicate)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"near_duplicate={near_duplicate!r} must be a cosine in [-1, 1] "
+                         f"(e.g. {NEAR_DUPLICATE})") from exc
+    if not -1.0 <= value <= 1.0:  # NaN fails too
+        raise ValueError(f"near_duplicate={near_duplicate!r} must be a cosine in [-1, 1] "
+                         f"(e.g. {NEAR_DUPLICATE})")
+    return value
 
 
 def _check_range(range_, bins) -> tuple[int, float, float]:
@@ -162,6 +179,27 @@ def batch_false_negative_rate(labels: ArrayLike, batch: BatchLike) -> float:
     return _fn_rate_of(lab[ids])
 
 
+def batch_near_duplicate_rate(embeddings: ArrayLike, batch: BatchLike,
+                              near_duplicate: float = NEAR_DUPLICATE) -> float:
+    """Share of in-batch pairs ``(p, q)``, ``p < q``, whose cosine exceeds ``near_duplicate``.
+
+    A false-negative rate that needs no labels: pairs this close in ``embeddings`` (best a fixed
+    reference, such as a strong pretrained encoder's embeddings) are likely the same thing
+    (copies, paraphrases) and are false negatives for an in-batch loss. The SimCSE recipe
+    reports it under the starting model's embeddings.
+
+    Args:
+        embeddings: ``[N, d]`` (array, tensor or file); batch: ``[B]`` ids.
+        near_duplicate: cosine threshold in ``[-1, 1]`` (default 0.9).
+
+    Returns:
+        a float in ``[0, 1]``; NaN when ``B = 1``.
+    """
+    threshold = _check_threshold(near_duplicate)
+    pairs = negative_similarities(embeddings, batch)
+    return float((pairs > threshold).double().mean()) if pairs.numel() else math.nan
+
+
 def batch_duplicate_rate(batch: BatchLike) -> float:
     """Share of the batch's entries that repeat an earlier entry: ``1 - unique(B) / B``.
 
@@ -174,34 +212,61 @@ def batch_duplicate_rate(batch: BatchLike) -> float:
     return _duplicate_rate_of(as_batch(batch, None))
 
 
-def batch_stats(embeddings: ArrayLike, batch: BatchLike,
-                labels: ArrayLike | None = None) -> dict[str, float]:
-    """All per-batch diagnostics at once (one similarity matrix).
+def _similarity_stats(table, ids: np.ndarray, name: str, threshold: float | None) -> dict:
+    """hardness, mean negative similarity (and the near-duplicate rate) of one batch."""
+    x = unit_rows(table, ids, name)
+    sims = (x @ x.T).clamp_(-1.0, 1.0)
+    pairs = _upper_pairs(sims)
+    out = {"hardness": _hardness_of(sims),
+           "mean_negative_similarity": float(pairs.mean()) if pairs.numel() else math.nan}
+    if threshold is not None:
+        out["near_duplicate_rate"] = (float((pairs > threshold).double().mean())
+                                      if pairs.numel() else math.nan)
+    return out
+
+
+def batch_stats(embeddings: ArrayLike, batch: BatchLike, labels: ArrayLike | None = None, *,
+                reference: ArrayLike | None = None,
+                near_duplicate: float = NEAR_DUPLICATE) -> dict[str, float]:
+    """All per-batch diagnostics at once (one similarity matrix per embedding).
 
     Args:
-        embeddings: ``[N, d]``; batch: ``[B]`` ids; labels: optional ``[N]``.
+        embeddings: ``[N, d]`` (array, tensor or file); batch: ``[B]`` ids; labels: optional
+            ``[N]``.
+        reference: optional fixed ``[N, d]`` reference embedding (array, tensor or ``.npy`` /
+            ``.npz`` / ``.pt`` file, see :func:`~hardbatch.metrics.load_reference`): the
+            similarity figures are computed in it too, so batches of different samplers or
+            runs compare in one coordinate system.
+        near_duplicate: cosine threshold of ``reference_near_duplicate_rate``.
 
     Returns:
         ``{"batch_size", "hardness", "mean_negative_similarity", "duplicate_rate"}`` plus
-        ``"false_negative_rate"`` when ``labels`` is given (see the single-metric functions;
-        NaN entries when ``B = 1``).
+        ``"false_negative_rate"`` when ``labels`` is given (labels do not depend on the
+        embedding) and ``"reference_hardness"``, ``"reference_mean_negative_similarity"``,
+        ``"reference_near_duplicate_rate"`` when ``reference`` is given (see the single-metric
+        functions; NaN entries when ``B = 1``).
     """
     table, n, _ = embedding_table(embeddings)
     ids = as_batch(batch, n)
     lab = None
     if labels is not None:
         lab = labels_array(labels, n)
-    x = unit_rows(table, ids)
-    sims = (x @ x.T).clamp_(-1.0, 1.0)
-    pairs = _upper_pairs(sims)
+    ref = None
+    if reference is not None:
+        ref = reference_table(reference, n)
+        threshold = _check_threshold(near_duplicate)
+    current = _similarity_stats(table, ids, "embeddings", None)
     out = {
         "batch_size": int(ids.size),
-        "hardness": _hardness_of(sims),
-        "mean_negative_similarity": float(pairs.mean()) if pairs.numel() else math.nan,
+        "hardness": current["hardness"],
+        "mean_negative_similarity": current["mean_negative_similarity"],
         "duplicate_rate": _duplicate_rate_of(ids),
     }
     if lab is not None:
         out["false_negative_rate"] = _fn_rate_of(lab[ids])
+    if ref is not None:
+        fixed = _similarity_stats(ref, ids, "reference", threshold)
+        out.update({f"reference_{k}": v for k, v in fixed.items()})
     return out
 
 
@@ -232,7 +297,8 @@ def coverage(batches: Iterable[BatchLike], num_items: int) -> float:
 
 def plan_stats(embeddings: ArrayLike, batches: Iterable[BatchLike],
                labels: ArrayLike | None = None, bins: int = 50,
-               range: tuple[float, float] = (-1.0, 1.0)) -> dict:
+               range: tuple[float, float] = (-1.0, 1.0), *, reference: ArrayLike | None = None,
+               near_duplicate: float = NEAR_DUPLICATE) -> dict:
     """:func:`batch_stats` pooled over a plan, plus coverage and a pooled histogram.
 
     Every anchor, pair and entry of every batch counts once: ``hardness`` is the mean over all
@@ -244,14 +310,21 @@ def plan_stats(embeddings: ArrayLike, batches: Iterable[BatchLike],
     expectation.
 
     Args:
-        embeddings: ``[N, d]``; batches: iterable of id batches; labels: optional ``[N]``.
+        embeddings: ``[N, d]`` (array, tensor or file); batches: iterable of id batches;
+            labels: optional ``[N]``.
         bins, range: of the pooled :func:`similarity_histogram` (all pairs of all batches).
+        reference: optional fixed ``[N, d]`` reference embedding (array, tensor or file): the
+            similarity figures and the histogram are computed in it too (``reference_`` keys),
+            so plans of different samplers or runs compare in one coordinate system.
+        near_duplicate: cosine threshold of ``reference_near_duplicate_rate`` (pooled pairs).
 
     Returns:
         ``{"batches", "items_drawn", "coverage", "hardness", "mean_negative_similarity",
         "duplicate_rate", ["false_negative_rate"], "histogram": (counts, edges)}``;
         ``items_drawn`` counts entries (with repeats across batches), ``coverage`` is the share
-        of the N items drawn at least once.
+        of the N items drawn at least once. With ``reference``: also ``"reference_hardness"``,
+        ``"reference_mean_negative_similarity"``, ``"reference_near_duplicate_rate"`` and
+        ``"reference_histogram"``.
     """
     table, n, _ = embedding_table(embeddings)
     plan = as_batches(batches, n)
@@ -259,16 +332,50 @@ def plan_stats(embeddings: ArrayLike, batches: Iterable[BatchLike],
     lab = None
     if labels is not None:
         lab = labels_array(labels, n)
+    ref = None
+    if reference is not None:
+        ref = reference_table(reference, n)
+        threshold = _check_threshold(near_duplicate)
+    repeats = entries = same_pairs = 0
+    for ids in plan:
+        entries += ids.size
+        repeats += ids.size - np.unique(ids).size
+        if lab is not None and ids.size >= 2:
+            _, c = np.unique(lab[ids], return_counts=True)
+            same_pairs += int((c * (c - 1) // 2).sum())
+    current = _pooled_similarities(table, plan, "embeddings", bins, lo, hi, None)
+    drawn = np.bincount(np.concatenate(plan), minlength=n)
+    out = {
+        "batches": len(plan),
+        "items_drawn": entries,
+        "coverage": float((drawn > 0).mean()),
+        "hardness": current["hardness"],
+        "mean_negative_similarity": current["mean_negative_similarity"],
+        "duplicate_rate": repeats / entries,
+    }
+    if lab is not None:
+        pairs = current["pairs"]
+        out["false_negative_rate"] = same_pairs / pairs if pairs else math.nan
+    out["histogram"] = current["histogram"]
+    if ref is not None:
+        fixed = _pooled_similarities(ref, plan, "reference", bins, lo, hi, threshold)
+        for key in ("hardness", "mean_negative_similarity", "near_duplicate_rate", "histogram"):
+            out[f"reference_{key}"] = fixed[key]
+    return out
+
+
+def _pooled_similarities(table, plan: list[np.ndarray], name: str, bins: int, lo: float,
+                         hi: float, threshold: float | None) -> dict:
+    """Anchor-pooled hardness, pair-pooled mean similarity (and near-duplicate rate) and the
+    pooled histogram of ``plan`` under one embedding ``table``."""
     counts = torch.zeros(bins, dtype=torch.int64)
     top_sum = sim_sum = 0.0
-    anchors = pair_count = same_pairs = repeats = entries = 0
+    anchors = pair_count = near = 0
     for ids in plan:
         b = ids.size
-        entries += b
-        repeats += b - np.unique(ids).size
         if b < 2:
             continue
-        x = unit_rows(table, ids)
+        x = unit_rows(table, ids, name)
         sims = (x @ x.T).clamp_(-1.0, 1.0)
         pairs = _upper_pairs(sims)
         top_sum += _hardness_of(sims) * b
@@ -276,19 +383,12 @@ def plan_stats(embeddings: ArrayLike, batches: Iterable[BatchLike],
         counts += _histogram(pairs, bins, lo, hi)[0]
         sim_sum += float(pairs.sum())
         pair_count += pairs.numel()
-        if lab is not None:
-            _, c = np.unique(lab[ids], return_counts=True)
-            same_pairs += int((c * (c - 1) // 2).sum())
-    drawn = np.bincount(np.concatenate(plan), minlength=n)
-    out = {
-        "batches": len(plan),
-        "items_drawn": entries,
-        "coverage": float((drawn > 0).mean()),
-        "hardness": top_sum / anchors if anchors else math.nan,
-        "mean_negative_similarity": sim_sum / pair_count if pair_count else math.nan,
-        "duplicate_rate": repeats / entries,
-    }
-    if lab is not None:
-        out["false_negative_rate"] = same_pairs / pair_count if pair_count else math.nan
-    out["histogram"] = (counts, torch.linspace(lo, hi, bins + 1, dtype=torch.float64))
+        if threshold is not None:
+            near += int((pairs > threshold).sum())
+    out = {"hardness": top_sum / anchors if anchors else math.nan,
+           "mean_negative_similarity": sim_sum / pair_count if pair_count else math.nan,
+           "pairs": pair_count,
+           "histogram": (counts, torch.linspace(lo, hi, bins + 1, dtype=torch.float64))}
+    if threshold is not None:
+        out["near_duplicate_rate"] = near / pair_count if pair_count else math.nan
     return out

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .._validation import as_embeddings
-from ._inputs import ArrayLike, BatchLike, as_batches
+from ._inputs import ArrayLike, BatchLike, as_batches, reference_table
 
 __all__ = ["LossGap", "loss_gap"]
 
@@ -80,7 +80,8 @@ def _symmetric_row_logsumexp(xs: Tensor, x: Tensor, block_size: int) -> Tensor:
 
 
 def loss_gap(embeddings: ArrayLike, batches: Iterable[BatchLike], temperature: float = 0.5,
-             positives: ArrayLike | None = None, block_size: int = 512) -> dict[str, float]:
+             positives: ArrayLike | None = None, block_size: int = 512, *,
+             reference: ArrayLike | None = None) -> dict[str, float]:
     """Global vs training NT-Xent loss of a batch plan, and their gap (GCBS paper, sec. 3, 7.2).
 
     Item ``i`` has anchor view ``x_i = embeddings[i]`` and positive view ``y_i = positives[i]``;
@@ -121,27 +122,37 @@ def loss_gap(embeddings: ArrayLike, batches: Iterable[BatchLike], temperature: f
         temperature: NT-Xent temperature ``> 0``.
         positives: ``[N, d]`` positive views, or None for ``embeddings``.
         block_size: rows per tile of the global term.
+        reference: optional fixed ``[N, d]`` reference embedding (array, tensor or file, see
+            :func:`~hardbatch.metrics.load_reference`): the three losses are computed in it too
+            (each item its own positive), so the plans of different samplers or runs compare
+            in one coordinate system (doubles the cost).
 
     Returns:
         ``{"global_loss", "batch_loss", "gap", "items_drawn", "coverage"}``: the global loss over
         all N items, the training loss over the ``items_drawn`` distinct drawn items, the mean
-        gap over those items, and ``items_drawn / N``.
+        gap over those items, and ``items_drawn / N``; with ``reference`` also
+        ``"reference_global_loss"``, ``"reference_batch_loss"`` and ``"reference_gap"``.
     """
-    return LossGap(embeddings, temperature, positives, block_size)(batches)
+    return LossGap(embeddings, temperature, positives, block_size, reference=reference)(batches)
 
 
 class LossGap:
     """:func:`loss_gap` with the global term computed once, for several plans of one table.
 
-    ``LossGap(embeddings, temperature, positives, block_size)`` checks the views (same
-    arguments and rules as :func:`loss_gap`); ``gap(batches)`` returns :func:`loss_gap`'s
-    dict for that plan. The per-item global losses ``L_i^G`` (float64 ``[N]``,
-    :attr:`global_losses`) are computed on first use.
+    ``LossGap(embeddings, temperature, positives, block_size, reference=None)`` checks the
+    views (same arguments and rules as :func:`loss_gap`); ``gap(batches)`` returns
+    :func:`loss_gap`'s dict for that plan. The per-item global losses ``L_i^G`` (float64
+    ``[N]``, :attr:`global_losses`) are computed on first use.
     """
 
     def __init__(self, embeddings: ArrayLike, temperature: float = 0.5,
-                 positives: ArrayLike | None = None, block_size: int = 512) -> None:
+                 positives: ArrayLike | None = None, block_size: int = 512, *,
+                 reference: ArrayLike | None = None) -> None:
         self._xs, self._y, self._pos = _prepare_views(embeddings, positives, temperature)
+        self.reference = None
+        if reference is not None:
+            table = reference_table(reference, self._xs.shape[0])
+            self.reference = LossGap(table, temperature, None, block_size)
         if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) \
                 or block_size < 1:
             raise ValueError(f"block_size={block_size!r} must be a positive integer (e.g. 512)")
@@ -160,7 +171,11 @@ class LossGap:
 
     def __call__(self, batches: Iterable[BatchLike]) -> dict[str, float]:
         plan = as_batches(batches, self._xs.shape[0])
-        return _plan_losses(self._xs, self._y, self._pos, plan, self.global_losses)
+        out = _plan_losses(self._xs, self._y, self._pos, plan, self.global_losses)
+        if self.reference is not None:
+            fixed = self.reference(plan)
+            out.update({f"reference_{k}": fixed[k] for k in ("global_loss", "batch_loss", "gap")})
+        return out
 
 
 def _prepare_views(embeddings, positives, temperature) -> tuple[Tensor, Tensor, Tensor]:

@@ -9,6 +9,8 @@ resume, ranks). Modules:
   source every t steps or every epoch (lag, background and distributed builds), and
   :class:`RefreshingSampler`, a plan sampler with one;
 * ``anchored``: :class:`AnchoredSampler`, the base of the two samplers below;
+* ``duplicates``: ``duplicate_keys`` (items with equal keys never share a batch): encoding,
+  feasibility checks and the repair of partitions;
 * one module per sampler: ``uniform``, ``proximity``, ``knn``, ``gcbs``.
 """
 

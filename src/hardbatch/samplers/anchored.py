@@ -24,15 +24,18 @@ class AnchoredSampler(RefreshingSampler):
     """
 
     _settings = PlanSampler._settings + ("refresh_every",)
+    batches_partition = False
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, *,
                  refresh_every: int | None, drop_last: bool, seed: int, normalize: bool,
                  rank: int | None, world_size: int | None, refresh_lag: int | None = None,
                  background: bool = False, distributed: bool | None = None,
-                 process_group=None, prefetch: int = 0) -> None:
+                 process_group=None, prefetch: int = 0, global_batch: bool = False,
+                 duplicate_keys=None) -> None:
         n, first = source_num_items(embeddings)
         super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
-                         world_size=world_size, prefetch=prefetch)
+                         world_size=world_size, prefetch=prefetch, global_batch=global_batch,
+                         duplicate_keys=duplicate_keys)
         every = None if refresh_every is None else check_int(refresh_every, "refresh_every",
                                                              low=1)
         self.normalize = bool(normalize)
@@ -50,6 +53,7 @@ class AnchoredSampler(RefreshingSampler):
             load=self._load, every=every, lag=lag, background=background,
             distributed=distributed, process_group=process_group, threaded=bool(self.prefetch))
         self._walk_state: WalkState | None = None
+        self._step_starts: list[int] = []
 
     # -- subclass hooks ------------------------------------------------
     def _build(self, x: np.ndarray, step: int, group) -> Structure:
@@ -57,8 +61,11 @@ class AnchoredSampler(RefreshingSampler):
         ``group``: the process group of a distributed build, or None."""
         raise NotImplementedError
 
-    def _draw(self, structure: Structure, index: int, seed: int) -> np.ndarray:
-        """Plan batch ``index`` of the epoch, drawn from ``structure`` with stream ``seed``."""
+    def _draw(self, structure: Structure, index: int, seed: int,
+              start: int | None = None) -> np.ndarray:
+        """Plan batch ``index`` of the epoch, drawn from ``structure`` with stream ``seed``,
+        from start node / anchor ``start`` (None: the walk state's next start); the start
+        node is the batch's first item."""
         raise NotImplementedError
 
     def _save(self, structure: Structure) -> dict:
@@ -93,12 +100,28 @@ class AnchoredSampler(RefreshingSampler):
 
     def _begin_epoch(self, fresh: bool) -> None:
         if fresh or self._walk_state is None:
-            self._walk_state = WalkState(self.num_items, self.seed, self.epoch)
+            self._walk_state = self._new_walk_state()
+
+    def _new_walk_state(self) -> WalkState:
+        keys = self.duplicate_keys
+        return WalkState(self.num_items, self.seed, self.epoch,
+                         None if keys is None or not keys.any else keys.ids)
 
     def _generate(self, index: int, global_step: int) -> np.ndarray:
         policy = self.refresh_policy
         structure = policy.use(policy.due(global_step))
-        return self._draw(structure, index, _rng.derive_seed(self.seed, self.epoch, index, 0xB))
+        if index % self.plan_width == 0:
+            self._step_starts = []  # start nodes of this step's batches so far
+        start = None
+        if index >= self.batches_per_epoch and self._walk_state.seen.all():
+            # padding of the last step once every item was seen: a start node that no other
+            # batch of the step began with, so that the step's batches differ
+            used = set(self._step_starts)
+            start = next(int(v) for v in self._walk_state.start_order if int(v) not in used)
+        batch = self._draw(structure, index, _rng.derive_seed(self.seed, self.epoch, index, 0xB),
+                           start)
+        self._step_starts.append(int(batch[0]))
+        return batch
 
     def _generator_state(self, mid_epoch: bool) -> dict:
         # The structure outlives epochs until its next refresh.
@@ -110,6 +133,6 @@ class AnchoredSampler(RefreshingSampler):
     def _load_generator_state(self, state: dict) -> None:
         self._walk_state = None
         if "walk" in state:
-            self._walk_state = WalkState(self.num_items, self.seed, self.epoch)
+            self._walk_state = self._new_walk_state()
             self._walk_state.load_state_dict(state["walk"])
         self.refresh_policy.load_state_dict(state, self.epoch)

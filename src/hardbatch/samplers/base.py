@@ -12,12 +12,23 @@ Every sampler of :mod:`hardbatch.samplers` is a :class:`PlanSampler`:
   batches on any machine (given the same embeddings).
 * ``state_dict()`` / ``load_state_dict()``: resuming mid-epoch yields exactly
   the remaining batches. With a prefetching ``DataLoader`` pass
-  ``state_dict(consumed=steps_done_this_epoch)``. The state of any rank resumes
-  every rank (it holds the pending batches of all ranks).
+  ``state_dict(consumed=steps_done_this_epoch)``, also after the sampler has yielded
+  the whole epoch (the loader asked for its last batches) while the loop still trains
+  it; ``consumed`` equal to the epoch's length (or omitted then) resumes at the next
+  epoch. The state of any rank resumes every rank (it holds the pending batches of all
+  ranks); it holds only tensors, numbers, strings, lists and dicts
+  (``torch.load(weights_only=True)`` reads it).
 * Distributed: ``rank`` / ``world_size`` default to torch.distributed's when
   it is initialised. All ranks compute the same global plan of
   ``ceil(ceil(N/B) / W) * W`` batches (padded with extra batches, like
-  ``DistributedSampler``) and rank r takes batches r, r + W, r + 2W, ...
+  ``DistributedSampler``) and rank r takes batches r, r + W, r + 2W, ...; an epoch
+  needs at least W batches (else ``ValueError``), so the W batches of a step differ.
+* ``global_batch=True``: each step is ONE plan batch of ``W * B`` items (the plan of
+  a single process with batch size ``W * B``; an epoch is ``ceil(N / (W * B))`` steps)
+  and rank r takes slice r of it (a short last batch is split as evenly as possible;
+  one of fewer than W items is topped up from the epoch's first batch).
+* ``duplicate_keys``: items with equal keys never share a plan batch
+  (:mod:`hardbatch.samplers.duplicates`).
 * Bad input raises ``ValueError`` naming the parameter and the fix.
 
 This module holds the plan and its checkpoints only; the planner thread of ``prefetch`` is a
@@ -36,6 +47,7 @@ import torch
 from torch.utils.data import Sampler
 
 from .._validation import check_int
+from .duplicates import DuplicateKeys, check_partition_keys, check_walk_keys, encode_keys
 from .planner import Planner, Step
 
 LOOKBACK = 1024  # steps kept so that state_dict(consumed=...) can rewind a prefetching loader
@@ -71,25 +83,29 @@ class PlanSampler(Sampler[list[int]]):
     loop's progress and to the planner thread (``prefetch`` > 0).
     """
 
-    _settings = ("num_items", "batch_size", "world_size", "seed", "drop_last")
+    _settings = ("num_items", "batch_size", "world_size", "seed", "drop_last", "global_batch")
+    batches_partition = True  # whether an epoch's batches partition the items (else: walks, kNN)
 
     def __init__(self, num_items: int, batch_size: int, *, drop_last: bool, seed: int,
-                 rank: int | None, world_size: int | None, prefetch: int = 0) -> None:
+                 rank: int | None, world_size: int | None, prefetch: int = 0,
+                 global_batch: bool = False, duplicate_keys=None) -> None:
         self.num_items = num_items
         self.batch_size = check_int(batch_size, "batch_size", low=1)
-        if self.batch_size > num_items:
-            raise ValueError(f"batch_size={batch_size} is larger than the number of items "
-                             f"N={num_items}; use batch_size <= N")
         self.drop_last = bool(drop_last)
         self.seed = check_int(seed, "seed")
         self.rank, self.world_size = rank_and_world(rank, world_size)
-        if len(self) == 0:  # only with drop_last: fewer full batches than ranks
-            fix = (f"use batch_size <= N // world_size = {num_items // self.world_size} or "
-                   if num_items >= self.world_size else "")
-            raise ValueError(
-                f"drop_last=True leaves {self.batches_per_epoch} full batch(es) of batch_size="
-                f"{self.batch_size} for world_size={self.world_size} ranks, so every rank would "
-                f"get no batch; {fix}pass drop_last=False")
+        self.global_batch = bool(global_batch)
+        w = self.world_size
+        self.plan_batch_size = self.batch_size * w if self.global_batch else self.batch_size
+        self.plan_width = 1 if self.global_batch else w  # plan batches per step
+        self._check_geometry()
+        self.duplicate_keys: DuplicateKeys | None = encode_keys(duplicate_keys, num_items)
+        if self.duplicate_keys is not None:
+            if self.batches_partition:
+                check_partition_keys(self.duplicate_keys, num_items, self.plan_batch_size,
+                                     self.drop_last)
+            else:
+                check_walk_keys(self.duplicate_keys, self.plan_batch_size)
         self.epoch = 0
         self.sampler_seconds = 0.0  # time spent planning batches (graphs, walks)
         self._pending: list[Step] = []  # steps to replay after load_state_dict
@@ -101,27 +117,56 @@ class PlanSampler(Sampler[list[int]]):
         self._generation = 0  # counts iterations; an iterator older than the newest is stale
         self.prefetch = check_int(prefetch, "prefetch", low=0)
         self.planner = Planner(self.prefetch) if self.prefetch else None
+        self._finished: tuple[int, int] | None = None  # (epoch, steps) of an iteration just done
 
     # -- plan geometry -------------------------------------------------
+    def _check_geometry(self) -> None:
+        n, b, w = self.num_items, self.batch_size, self.world_size
+        if self.global_batch and self.plan_batch_size > n:
+            raise ValueError(
+                f"global_batch=True draws world_size * batch_size = {w} * {b} = "
+                f"{self.plan_batch_size} items per step, more than the N={n} items; use "
+                f"batch_size <= N // world_size = {n // w} or global_batch=False")
+        if b > n:
+            raise ValueError(f"batch_size={b} is larger than the number of items N={n}; use "
+                             "batch_size <= N")
+        if len(self) == 0:  # only with drop_last: fewer full batches than ranks
+            fix = f"use batch_size <= N // world_size = {n // w} or " if n >= w else ""
+            raise ValueError(
+                f"drop_last=True leaves {self.batches_per_epoch} full batch(es) of batch_size="
+                f"{b} for world_size={w} ranks, so every rank would get no batch; {fix}pass "
+                "drop_last=False")
+        if self.batches_per_epoch < self.plan_width:  # padding would repeat a batch in a step
+            raise ValueError(
+                f"world_size={w} needs at least {w} batches per epoch so that the ranks get "
+                f"different batches, but N={n} items make {self.batches_per_epoch} of "
+                f"batch_size={b}; use N >= {(w - 1) * b + 1} items, a smaller world_size or "
+                "batch_size, or global_batch=True (one batch split across the ranks)")
+
     @property
     def batches_per_epoch(self) -> int:
-        """Global batches in one epoch: ceil(N/B), or floor with drop_last."""
+        """Plan batches in one epoch: ceil(N / B'), or floor with drop_last, where B' is the
+        plan's batch size (``batch_size``, or ``world_size * batch_size`` with global_batch)."""
         if self.drop_last:
-            return self.num_items // self.batch_size
-        return -(-self.num_items // self.batch_size)
+            return self.num_items // self.plan_batch_size
+        return -(-self.num_items // self.plan_batch_size)
 
     def __len__(self) -> int:
         total = self.batches_per_epoch
         if self.drop_last:
-            return total // self.world_size
-        return -(-total // self.world_size)
+            return total // self.plan_width
+        return -(-total // self.plan_width)
 
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch``'s plan on the next iteration (forgets a mid-epoch resume of another epoch)."""
+        """Use ``epoch``'s plan on the next iteration (forgets a mid-epoch resume of another epoch).
+
+        It also starts the loop's new epoch: ``state_dict(consumed=k)`` then counts its steps.
+        """
         epoch = check_int(epoch, "epoch", low=0)
         if epoch != self.epoch:
             self._pending, self._start_step = [], 0
         self.epoch = epoch
+        self._finished = None
 
     # -- subclass hooks ------------------------------------------------
     def _begin_epoch(self, fresh: bool) -> None:
@@ -147,13 +192,32 @@ class PlanSampler(Sampler[list[int]]):
 
     # -- iteration -----------------------------------------------------
     def _plan_step(self, step: int) -> Step:
-        """All W global batches of local step ``step`` (plan batches step*W .. step*W + W - 1)."""
-        w, global_step = self.world_size, self.epoch * len(self) + step
-        return [self._generate(j, global_step) for j in range(step * w, step * w + w)]
+        """All plan batches of local step ``step``: plan batches step*W .. step*W + W - 1, or
+        the one global batch ``step`` (topped up to W items if shorter) with global_batch."""
+        w, global_step = self.plan_width, self.epoch * len(self) + step
+        plan = [self._generate(j, global_step) for j in range(step * w, step * w + w)]
+        if self.global_batch and len(plan[0]) < self.world_size:
+            plan[0] = self._top_up(plan[0], global_step)
+        return plan
+
+    def _top_up(self, batch: np.ndarray, global_step: int) -> np.ndarray:
+        """A short last global batch of fewer than W items, completed to W items with items
+        of the epoch's first batch (whose keys it lacks), as DistributedSampler pads."""
+        first = np.asarray(self._generate(0, global_step))
+        if self.duplicate_keys is not None:
+            ids = self.duplicate_keys.ids
+            taken = ids[batch]
+            first = first[(ids[first] < 0) | ~np.isin(ids[first], taken[taken >= 0])]
+        return np.concatenate([batch, first[:self.world_size - len(batch)]])
 
     def _rank_batch(self, plan: Step) -> list[int]:
-        """This rank's batch of a planned step."""
-        return plan[self.rank].tolist()
+        """This rank's batch of a planned step (its slice of the global batch)."""
+        if not self.global_batch:
+            return plan[self.rank].tolist()
+        batch, b = plan[0], self.batch_size
+        if len(batch) == b * self.world_size:
+            return batch[self.rank * b:(self.rank + 1) * b].tolist()
+        return np.array_split(batch, self.world_size)[self.rank].tolist()
 
     def _hand_out(self, global_step: int) -> None:
         self._on_step(global_step)
@@ -167,6 +231,7 @@ class PlanSampler(Sampler[list[int]]):
         self._generation += 1
         generation = self._generation
         steps = len(self)
+        self._finished = None
         self._begin_epoch(fresh=not (self._pending or self._start_step > 0))
         start = self._start_step
         self._replay = collections.deque(self._pending)
@@ -205,6 +270,7 @@ class PlanSampler(Sampler[list[int]]):
             if run is not None:
                 self.planner.stop(run)  # this iteration's planner only
         self._active = False
+        self._finished = (self.epoch, step)
         self.epoch += 1
 
     # -- checkpointing -------------------------------------------------
@@ -214,7 +280,11 @@ class PlanSampler(Sampler[list[int]]):
         ``consumed`` may lag the batches already yielded by up to 1024 (a
         prefetching loader); those batches are replayed after loading. The
         state holds them for every rank (as whole plan steps), so the state of
-        any one rank resumes every rank.
+        any one rank resumes every rank. After an iteration completed (the loader
+        took the whole epoch) and before ``set_epoch`` or a new iteration, ``consumed``
+        below the epoch's length refers to that epoch; ``consumed`` equal to it, or None,
+        gives the next epoch's start. The state holds only tensors, numbers, strings,
+        lists and dicts.
         """
         # With a planner thread: between two of its steps.
         with contextlib.nullcontext() if self.planner is None else self.planner.lock:
@@ -222,7 +292,15 @@ class PlanSampler(Sampler[list[int]]):
 
     def _state_dict(self, consumed: int | None) -> dict:
         yielded = self._yielded if self._active else 0
-        consumed = yielded if consumed is None else check_int(consumed, "consumed", low=0)
+        given = consumed is not None
+        consumed = check_int(consumed, "consumed", low=0) if given else yielded
+        epoch, active = self.epoch, self._active
+        if given and not active and self._finished is not None:
+            if consumed < self._finished[1]:
+                # the loop still trains the epoch whose batches the sampler has all yielded
+                (epoch, yielded), active = self._finished, True
+            elif consumed == self._finished[1]:  # that epoch is done: the next one's start
+                consumed = 0
         if consumed > yielded or yielded - consumed > len(self._recent):
             raise ValueError(f"consumed={consumed} must be between {yielded - len(self._recent)} "
                              f"and the {yielded} batches yielded this epoch")
@@ -233,9 +311,9 @@ class PlanSampler(Sampler[list[int]]):
         planned = (list(self._replay) if self._active else []) + planned
         steps += planned
         state = {key: getattr(self, key) for key in self._settings}
-        state.update(epoch=self.epoch, step=consumed, rank=self.rank,
+        state.update(epoch=epoch, step=consumed, rank=self.rank,
                      generator=self._generator_state(
-                         mid_epoch=bool(self._active and (yielded or planned))))
+                         mid_epoch=bool(active and (yielded or planned))))
         if all(b is not None for plan in steps for b in plan):
             # Plan batches consumed*W, consumed*W + 1, ...: rank r replays those = r (mod W).
             state["pending_plan"] = [torch.from_numpy(np.array(b, np.int64))
@@ -256,7 +334,7 @@ class PlanSampler(Sampler[list[int]]):
             if state[key] != getattr(self, key):
                 raise ValueError(f"state was saved with {key}={state[key]} but this sampler has "
                                  f"{key}={getattr(self, key)}; construct it with the same value")
-        w = self.world_size
+        w = self.plan_width
         if "pending_plan" in state:
             flat = [np.asarray(b, dtype=np.int64) for b in state["pending_plan"]]
             if len(flat) % w:
@@ -270,10 +348,11 @@ class PlanSampler(Sampler[list[int]]):
                     f"state holds the pending batches of rank {saved} only but this sampler has "
                     f"rank={self.rank}; load the state_dict() that rank {self.rank} saved")
             pending = [[np.asarray(b, dtype=np.int64) if r == self.rank else None
-                        for r in range(w)] for b in state["pending"]]
+                        for r in range(self.world_size)] for b in state["pending"]]
         if self.planner is not None:  # a running iteration is superseded by the loaded state
             self.planner.stop(self.planner.run)
         self.epoch = int(state["epoch"])
+        self._finished = None
         self._pending = pending
         self._start_step = int(state["step"])
         self._load_generator_state(state["generator"])

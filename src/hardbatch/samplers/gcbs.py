@@ -12,7 +12,9 @@ from .. import _rng
 from .. import distributed as hbdist
 from .._device import check_precision, resolve_device
 from ..embeddings import EmbeddingSource, read_embeddings, source_num_items
+from .._validation import check_int
 from ..gcbs import check_search_args, gcbs_permutation
+from .duplicates import separate_keys
 from .refresh import RefreshingSampler, RefreshPolicy, check_pipelining, check_rows, \
     resolve_distributed
 
@@ -50,6 +52,15 @@ class GCBSSampler(RefreshingSampler):
         drop_last: drop N mod B items each epoch so that every batch is full: a
             seeded random choice of positions of the epoch's order (its tail holds the
             items without any strong pair, which would otherwise be dropped every epoch).
+        global_batch: each step is one slice of ``world_size * batch_size`` items of the
+            order, rank r taking slice r of it (see :class:`~hardbatch.samplers.PlanSampler`).
+        duplicate_keys: N hashable keys (e.g. the texts); items with equal keys never share a
+            batch: a clashing item swaps places with an item of the nearest batch (in the
+            order) that lacks its key. No key shared: the same batches as without keys.
+        min_partners: each item also keeps its ``min_partners`` strongest pairs (see
+            :func:`hardbatch.gcbs_permutation` and docs/gcbs.md: k >= 1 removes the random
+            tail). Default 0, the paper's graph (the sampler's default stays the paper's for
+            now; the distributed build supports only 0).
         seed, rank, world_size: as in every sampler.
     """
 
@@ -62,10 +73,13 @@ class GCBSSampler(RefreshingSampler):
                  precision: Literal["fp32", "bf16", "fp16"] = "fp32",
                  refresh_lag: int | None = None, background: bool = False,
                  distributed: bool | None = None, process_group=None,
-                 rank: int | None = None, world_size: int | None = None) -> None:
+                 rank: int | None = None, world_size: int | None = None,
+                 global_batch: bool = False, duplicate_keys=None,
+                 min_partners: int = 0) -> None:
         n, first = source_num_items(embeddings)
         super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
-                         world_size=world_size)
+                         world_size=world_size, global_batch=global_batch,
+                         duplicate_keys=duplicate_keys)
         background, lag = check_pipelining(
             background, refresh_lag, "steps before the end of an epoch at which the next "
             "epoch's order is snapshotted")
@@ -89,11 +103,22 @@ class GCBSSampler(RefreshingSampler):
             if n_paired != n:
                 raise ValueError(f"paired has {n_paired} rows but embeddings has N={n}; "
                                  "paired data needs one row of Y per row of X")
+        self.min_partners = check_int(min_partners, "min_partners", low=0, high=n - 1)
+        if distributed and self.min_partners:
+            raise ValueError(f"min_partners={min_partners} is not supported with distributed "
+                             "GCBS builds yet; pass min_partners=0 or distributed=False")
         self.partitions = partitions
         self.paired = paired
         self.quantile, self.method = float(quantile), method
         self.shuffle_batches = bool(shuffle_batches)
         self.nlist, self.nprobe = check_search_args(nlist, nprobe)
+        if self.nlist is not None and self.nlist > n:
+            raise ValueError(f"nlist={nlist} must be at most the N={n} items (inverted lists "
+                             "of the 'ivf' / 'faiss' pair search); use nlist <= N or None "
+                             "(default sqrt(N))")
+        if partitions is not None and check_int(partitions, "partitions", low=1) > n:
+            raise ValueError(f"partitions={partitions} must be at most the N={n} items; use "
+                             "partitions <= N or None")
 
     def _prepare(self, x: np.ndarray, copy: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """(x, y): the embeddings and the paired side now (copies for a later build)."""
@@ -108,16 +133,20 @@ class GCBSSampler(RefreshingSampler):
         """Epoch ``epoch``'s item order and batch order, from embeddings ``x`` (and ``y``)."""
         x, y = xy
         build = hbdist.gcbs_permutation if self.distributed else gcbs_permutation
-        kw = {"group": group} if self.distributed else {}
+        kw = {"group": group} if self.distributed else {"min_partners": self.min_partners}
         perm = build(x, self.quantile, y, method=self.method,
                      seed=_rng.derive_seed(self.seed, epoch) & 0x7FFFFFFF,
                      nlist=self.nlist, nprobe=self.nprobe, partitions=self.partitions,
                      device=self.device, precision=self.precision, **kw)
         perm = perm.numpy()
-        extra = self.num_items % self.batch_size if self.drop_last else 0
+        extra = self.num_items % self.plan_batch_size if self.drop_last else 0
         if extra:  # dropped: a random choice of positions, not always the order's tail
             drop = _rng.permutation(self.num_items, _rng.derive_seed(self.seed, epoch, 3))
-            perm = np.delete(perm, drop[:extra])
+            keep = np.ones(self.num_items, bool)
+            keep[drop[:extra]] = False
+            perm = np.concatenate([perm[keep], perm[~keep]])  # the dropped ones at the end
+        kept = self.num_items - extra
+        perm = separate_keys(perm, kept, self.plan_batch_size, self.duplicate_keys)[:kept]
         nb = self.batches_per_epoch
         batch_order = (_rng.permutation(nb, _rng.derive_seed(self.seed, epoch, 2))
                        if self.shuffle_batches else np.arange(nb))
@@ -131,8 +160,8 @@ class GCBSSampler(RefreshingSampler):
 
     def _generate(self, index: int, global_step: int) -> np.ndarray:
         order, batch_order = self.refresh_policy.structure
-        b = int(batch_order[index % self.batches_per_epoch])
-        return order[b * self.batch_size:(b + 1) * self.batch_size]
+        b, size = int(batch_order[index % self.batches_per_epoch]), self.plan_batch_size
+        return order[b * size:(b + 1) * size]
 
     def _generator_state(self, mid_epoch: bool) -> dict:
         return self.refresh_policy.state_dict(current=mid_epoch)

@@ -26,6 +26,11 @@ class KNNBatchSampler(AnchoredSampler):
         refresh_lag: steps between a snapshot and its use (default 0).
         prefetch: batches planned ahead in a planner thread (see ProximityGraphSampler).
         device: where the per-batch product runs (the snapshot lives there).
+        global_batch: each step is one anchor plus its ``world_size * batch_size - 1``
+            nearest rows, rank r taking slice r (see :class:`~hardbatch.samplers.PlanSampler`).
+        duplicate_keys: N hashable keys (e.g. the texts); a batch takes the next nearest
+            neighbour instead of an item whose key it already holds. Needs at least B
+            distinct keys. No key shared: the same batches as without keys.
         normalize, drop_last, seed, rank, world_size: as in every sampler.
 
     Under DDP every rank needs the same snapshot for the plans to agree:
@@ -37,15 +42,19 @@ class KNNBatchSampler(AnchoredSampler):
                  refresh_every: int | None = 100, *, drop_last: bool = False, seed: int = 0,
                  normalize: bool = True, refresh_lag: int | None = None, prefetch: int = 0,
                  device: str | torch.device | None = None, rank: int | None = None,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, global_batch: bool = False,
+                 duplicate_keys=None) -> None:
         super().__init__(embeddings, batch_size, refresh_every=refresh_every,
                          drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
                          world_size=world_size, refresh_lag=refresh_lag, distributed=False,
-                         prefetch=prefetch)
+                         prefetch=prefetch, global_batch=global_batch,
+                         duplicate_keys=duplicate_keys)
         self.device = resolve_device(device)
-        if self.batch_size >= self.num_items:
-            raise ValueError(f"batch_size={batch_size} must be smaller than N={self.num_items} "
-                             "for the kNN sampler (anchor plus B-1 neighbours)")
+        if self.plan_batch_size >= self.num_items:
+            name = ("world_size * batch_size = " if self.global_batch else "batch_size=") + \
+                str(self.plan_batch_size)
+            raise ValueError(f"{name} must be smaller than N={self.num_items} for the kNN "
+                             "sampler (anchor plus B-1 neighbours)")
 
     def _build(self, x: np.ndarray, step: int, group) -> torch.Tensor:
         """The snapshot [N, d] on ``device``."""
@@ -53,13 +62,25 @@ class KNNBatchSampler(AnchoredSampler):
         # and the snapshot must stay as it was at its refresh step.
         return torch.from_numpy(x).to(self.device, copy=True)
 
-    def _draw(self, structure: torch.Tensor, index: int, seed: int) -> np.ndarray:
-        anchor = self._walk_state.next_start(seed)
+    def _draw(self, structure: torch.Tensor, index: int, seed: int,
+              start: int | None = None) -> np.ndarray:
+        state, b = self._walk_state, self.plan_batch_size
+        anchor = state.next_start(seed) if start is None else start
         sims = structure @ structure[anchor]
         sims[anchor] = -torch.inf
-        nearest = sims.topk(self.batch_size - 1, sorted=True).indices.cpu().numpy()
-        batch = np.concatenate([[anchor], nearest]).astype(np.int64)
-        self._walk_state.seen[batch] = 1
+        keys = self.duplicate_keys
+        if keys is None or not keys.any:
+            nearest = sims.topk(b - 1, sorted=True).indices.cpu().numpy()
+            batch = np.concatenate([[anchor], nearest]).astype(np.int64)
+        else:  # the nearest rows, passing over those whose key the batch holds
+            k = min(self.num_items - 1, b - 1 + max(16, b // 8))
+            while True:
+                nearest = sims.topk(k, sorted=True).indices.cpu().numpy()
+                batch = state.key_free(anchor, nearest, b)
+                if len(batch) == b or k == self.num_items - 1:
+                    break
+                k = min(self.num_items - 1, 2 * k)
+        state.seen[batch] = 1
         return batch
 
     def _save(self, structure: torch.Tensor) -> dict:

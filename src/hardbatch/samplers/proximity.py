@@ -65,6 +65,11 @@ class ProximityGraphSampler(AnchoredSampler):
             (default): on when torch.distributed is initialised and ``rank`` /
             ``world_size`` are its own. Every rank must then iterate the sampler.
         process_group: torch.distributed group (default: the default group).
+        global_batch: each step is one walk of ``world_size * batch_size`` items, rank r
+            taking slice r (see :class:`~hardbatch.samplers.PlanSampler`).
+        duplicate_keys: N hashable keys (e.g. the texts); a walk never adds an item whose
+            key is already in its batch (it walks on through it). Needs at least B distinct
+            keys. No key shared: the same batches as without keys.
         drop_last, seed, rank, world_size: as in every sampler.
     """
 
@@ -78,12 +83,14 @@ class ProximityGraphSampler(AnchoredSampler):
                  precision: Literal["fp32", "bf16", "fp16"] = "fp32",
                  refresh_lag: int | None = None, background: bool = False,
                  prefetch: int = 0, distributed: bool | None = None, process_group=None,
-                 rank: int | None = None, world_size: int | None = None) -> None:
+                 rank: int | None = None, world_size: int | None = None,
+                 global_batch: bool = False, duplicate_keys=None) -> None:
         super().__init__(embeddings, batch_size, refresh_every=refresh_every,
                          drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
                          world_size=world_size, refresh_lag=refresh_lag, background=background,
                          distributed=distributed, process_group=process_group,
-                         prefetch=prefetch)
+                         prefetch=prefetch, global_batch=global_batch,
+                         duplicate_keys=duplicate_keys)
         self.device = resolve_device(device)
         check_precision(precision)
         self.precision = precision
@@ -149,19 +156,20 @@ class ProximityGraphSampler(AnchoredSampler):
             return self.restart
         total_steps = getattr(self.restart, "total_steps", None)
         if total_steps:
-            progress = (epoch * len(self) + index // self.world_size) / total_steps
+            progress = (epoch * len(self) + index // self.plan_width) / total_steps
         else:
             per_epoch = self.batches_per_epoch
             progress = (epoch * per_epoch + index) / (self.epochs * per_epoch)
         return check_restart(float(self.restart(progress)),
                              f"restart (schedule value at progress {progress:.4g})")
 
-    def _draw(self, structure, index: int, seed: int) -> np.ndarray:
+    def _draw(self, structure, index: int, seed: int, start: int | None = None) -> np.ndarray:
         graph, deg = structure
         patience = self.patience or default_patience(graph.shape[1])
-        return self._walk_state.walk(graph, deg, self.batch_size, WALKS[self.walk],
+        return self._walk_state.walk(graph, deg, self.plan_batch_size, WALKS[self.walk],
                                      np.array([self.restart_at(self.epoch, index)]),
-                                     np.array([seed], np.uint64), patience)[0]
+                                     np.array([seed], np.uint64), patience,
+                                     None if start is None else np.array([start]))[0]
 
     def _save(self, structure) -> dict:
         return {"graph": torch.from_numpy(structure[0].astype(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 
 from .. import distributed as hbdist
 from .._validation import check_int
-from ..embeddings import EmbeddingSource, read_embeddings
+from ..embeddings import EmbeddingBank, EmbeddingSource, read_embeddings, unwritten_bank_warning
 from .base import PlanSampler
 
 Structure = object  # what a sampler draws batches from: a graph, a snapshot, an order
@@ -123,6 +124,7 @@ class RefreshPolicy:
         self._next: tuple[int, object] | None = None  # (key, structure or its Future)
         self.refreshes = 0
         self.last_refresh_seconds = 0.0
+        self._bank_seen: tuple[int, int] | None = None  # (bank.step, sampler step first seen)
         self._init_sync()
 
     def _init_sync(self) -> None:
@@ -168,12 +170,23 @@ class RefreshPolicy:
         return global_step
 
     # -- building ------------------------------------------------------
-    def read(self, copy: bool):
-        """The build input from the source now (``copy``: a snapshot for a later build)."""
+    def read(self, copy: bool, step: int = 0):
+        """The build input from the source now (``copy``: a snapshot for a later build);
+        ``step``: the sampler's global step (for the warning about a bank not fed)."""
         x = self._first if self._first is not None else read_embeddings(self.source)
         self._first = None
         check_rows(x, self.num_items)
+        if isinstance(self.source, EmbeddingBank):
+            self._check_bank(self.source, step)
         return self.prepare(x, copy)
+
+    def _check_bank(self, bank: EmbeddingBank, step: int) -> None:
+        """Warn (once per refresh) when the bank is not fed (see unwritten_bank_warning)."""
+        if self._bank_seen is None or self._bank_seen[0] != bank.step:
+            self._bank_seen = (bank.step, step)
+        message = unwritten_bank_warning(bank, step - self._bank_seen[1])
+        if message is not None:
+            warnings.warn(message, UserWarning, stacklevel=4)
 
     def _build(self, x, key: int, group) -> Structure:
         t0 = time.perf_counter()
@@ -191,14 +204,15 @@ class RefreshPolicy:
         # With a planner thread (prefetch) builds may run there: use the build group.
         group = (self.build_group if self.threaded else self.process_group) \
             if self.distributed else None
-        return self._install(key, self._build(self.read(copy=False), key, group))
+        step = key * self.every if self.per_epoch else key
+        return self._install(key, self._build(self.read(copy=False, step=step), key, group))
 
     def before_step(self, global_step: int) -> None:
         """In the loop's thread, before batch ``global_step``: snapshot and build if scheduled."""
         key = self._snapshot_key(global_step)
         if key is None or key <= self.key or (self._next is not None and key <= self._next[0]):
             return
-        x = self.read(copy=True)
+        x = self.read(copy=True, step=global_step)
         if self.background:
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(

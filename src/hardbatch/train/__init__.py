@@ -24,7 +24,12 @@ What one step does (``Trainer.train_step``):
    ``sampler.refresh_every`` steps and GCBS re-orders the items every epoch;
 5. log loss, batch hardness (mean top-1 in-batch cosine similarity of ``z1``), false-negative
    rate (share of in-batch pairs with the same label, if labels are given), sampler time and
-   step time.
+   step time; with ``reference=`` (a fixed ``[N, d']`` embedding shared by the runs being
+   compared) also the batch's hardness, mean similarity and near-duplicate rate in it.
+
+Data may be a tensor, a dataset of inputs, or a dataset of ``(index, view1, view2)`` items
+(:class:`hardbatch.data.IndexedDataset`; :mod:`~hardbatch.train.batches`). Under
+torch.distributed a one-item batch on any rank makes every rank skip that step.
 
 Evaluation (every ``eval_every`` steps and at the end) embeds the items with ``encoder`` alone
 (frozen features before the projection head, eval mode) and reports the weighted kNN accuracy
@@ -40,7 +45,8 @@ uninterrupted one would have (same weights and losses on CPU, for tensor data or
 Modules: :mod:`~hardbatch.train.config` (:class:`TrainConfig`, :class:`TrainResult`),
 :mod:`~hardbatch.train.trainer` (:class:`Trainer`, :func:`train`),
 :mod:`~hardbatch.train.evaluation` (kNN and linear-probe accuracy of frozen features),
-:mod:`~hardbatch.train.checkpoint` (what a checkpoint holds, seeding).
+:mod:`~hardbatch.train.checkpoint` (what a checkpoint holds, seeding),
+:mod:`~hardbatch.train.batches` (loading, the DDP skip, the per-step batch figures).
 """
 
 from .checkpoint import seed_everything

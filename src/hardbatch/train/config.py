@@ -48,6 +48,9 @@ class TrainConfig:
             format, the fast layout for convolutions with tensor cores.
         probe_every_eval: fit the linear probe at every evaluation; False: kNN only at the
             intermediate ones and the probe at the last (a probe on 50k features is slow on CPU).
+        reference: path of a fixed ``[N, d']`` reference embedding (``.npy`` / ``.npz`` /
+            ``.pt``) in which every step's batch is also measured (``reference_*`` entries of
+            the history); :class:`Trainer`'s ``reference=`` takes an array or tensor too.
     """
 
     epochs: int = 10
@@ -73,6 +76,7 @@ class TrainConfig:
     amp: str | None = None
     channels_last: bool = False
     probe_every_eval: bool = True
+    reference: str | None = None
 
     def __post_init__(self) -> None:
         if self.amp not in (None, "bf16", "fp16"):
@@ -100,7 +104,10 @@ class TrainResult:
 
     Attributes:
         history: one dict per step: ``step``, ``epoch``, ``loss``, ``hardness``,
-            ``false_negative_rate`` (NaN without labels), ``sampler_seconds``, ``step_seconds``.
+            ``false_negative_rate`` (NaN without labels), ``sampler_seconds``, ``step_seconds``,
+            ``refreshes`` (graphs / orders the sampler built so far, for samplers that count);
+            with a reference embedding also ``reference_hardness``,
+            ``reference_mean_negative_similarity`` and ``reference_near_duplicate_rate``.
         evals: one dict per evaluation: ``step``, ``epoch``, ``knn_accuracy``,
             ``linear_probe_accuracy``, ``seconds``.
         steps: steps done in total; epochs: epochs completed.

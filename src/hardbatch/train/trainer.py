@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 import warnings
@@ -15,8 +14,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..data import looks_indexed
 from ..embeddings import EmbeddingBank
-from ..metrics import batch_false_negative_rate, batch_hardness
+from ..metrics import load_reference
+from .batches import batch_diagnostics, first_inputs, loader_batches, skip_on_every_rank
 from .checkpoint import (
     load_trainer_state,
     read_checkpoint,
@@ -34,22 +35,6 @@ def _identity(x: torch.Tensor, generator: torch.Generator | None = None) -> torc
     return x
 
 
-class _Indexed(torch.utils.data.Dataset):
-    """Wraps a dataset so that items come with their index (and only the input)."""
-
-    def __init__(self, dataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, i):
-        item = self.dataset[i]
-        if isinstance(item, (tuple, list)):
-            item = item[0]
-        return i, item
-
-
 class Trainer:
     """Contrastive training with a hardbatch sampler; see the module docstring.
 
@@ -62,7 +47,9 @@ class Trainer:
             (how graph samplers and GCBS read the embeddings of the training forward pass).
             A sampler whose ``source`` is an ``EmbeddingBank`` has that bank fed.
         data: ``[N, ...]`` tensor of inputs, or a map-style ``Dataset`` whose items are
-            inputs (or tuples whose first entry is the input).
+            inputs (or tuples whose first entry is the input), or whose items carry their
+            index and views, ``(index, view1, view2)`` (a :class:`hardbatch.IndexedDataset`:
+            its views are used instead of ``augment``; see :mod:`hardbatch.train.batches`).
         labels: optional ``[N]`` int labels: false-negative rate and evaluation only.
         head: optional projection head applied after ``encoder`` for the loss.
         augment: ``augment(x, generator) -> view``, called twice per batch on the batch tensor
@@ -74,6 +61,12 @@ class Trainer:
             training items (``config.eval_fraction``) when ``labels`` are given.
         config: :class:`TrainConfig`; keyword arguments override its fields.
         bank: the bank to feed (default: a new one, dimension from one forward pass).
+        reference: a fixed ``[N, d']`` reference embedding of the items (array, tensor or
+            ``.npy`` / ``.npz`` / ``.pt`` file; default ``config.reference``): every step also
+            logs ``reference_hardness``, ``reference_mean_negative_similarity`` and
+            ``reference_near_duplicate_rate`` of its batch in it, so runs with different
+            samplers compare in one coordinate system (e.g. the starting model's embeddings,
+            the same for every run).
     """
 
     def __init__(self, encoder: nn.Module, loss: nn.Module, sampler, data, labels=None, *,
@@ -81,7 +74,7 @@ class Trainer:
                  augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
                  optimizer=None, eval_data: tuple[torch.Tensor, torch.Tensor] | None = None,
                  config: TrainConfig | None = None, bank: EmbeddingBank | None = None,
-                 **overrides) -> None:
+                 reference=None, **overrides) -> None:
         config = config or TrainConfig()
         if overrides:
             unknown = sorted(set(overrides) - set(TrainConfig.__dataclass_fields__))
@@ -103,6 +96,8 @@ class Trainer:
 
         self.data = data
         self.tensor_data = isinstance(data, torch.Tensor)
+        # items (index, view1, view2)? probed once, here, before any seeding
+        self.indexed = not self.tensor_data and looks_indexed(data)
         n = len(data)
         if n < 2:
             raise ValueError(f"data has {n} items; contrastive training needs at least 2")
@@ -113,6 +108,10 @@ class Trainer:
             if self.labels.numel() != n:
                 raise ValueError(f"labels has {self.labels.numel()} entries but data has {n} "
                                  "items; pass one label per item")
+        if reference is None:
+            reference = config.reference
+        self.reference = (None if reference is None
+                          else torch.from_numpy(load_reference(reference, n)))
 
         # the bank fed from the forward pass, and the sampler reading it
         if bank is None and isinstance(getattr(sampler, "source", None), EmbeddingBank):
@@ -155,10 +154,7 @@ class Trainer:
     @torch.no_grad()
     def _embedding_dim(self) -> int:
         """Output width of ``head(encoder(x))`` from one eval-mode forward of two items."""
-        if self.tensor_data:
-            x = self.data[:2]
-        else:
-            x = torch.stack([torch.as_tensor(_Indexed(self.data)[i][1]) for i in range(2)])
+        x = self.data[:2] if self.tensor_data else first_inputs(self.data, self.indexed)
         was = self.model.training
         self.model.eval()
         try:
@@ -192,9 +188,12 @@ class Trainer:
         return min(planned, self.config.max_steps) if self.config.max_steps else planned
 
     # -- one step ------------------------------------------------------
-    def _forward_loss(self, idx: torch.Tensor, x: torch.Tensor):
-        v1 = self.augment(x, self.generator)
-        v2 = self.augment(x, self.generator)
+    def _forward_loss(self, idx: torch.Tensor, x: torch.Tensor | None, pair: tuple = ()):
+        if pair:  # the dataset's own views (IndexedDataset)
+            v1, v2 = (v.to(self.device) for v in pair)
+        else:
+            v1 = self.augment(x, self.generator)
+            v2 = self.augment(x, self.generator)
         views = torch.cat([v1, v2])
         if self.config.channels_last and views.ndim == 4:
             views = views.contiguous(memory_format=torch.channels_last)
@@ -202,6 +201,10 @@ class Trainer:
                             enabled=self.amp_dtype is not None):
             z = self.model(views)
         z = z.float()
+        if not bool(torch.isfinite(z).all()):  # before the loss, whose message would not fit
+            raise FloatingPointError(
+                f"the model's embeddings contain NaN or inf at step {self.global_step}: training "
+                f"diverged; lower the learning rate (lr={self.config.lr:g}) or check the inputs")
         z1, z2 = z[:len(idx)], z[len(idx):]
         if self.config.loss_labels and self.labels is not None:
             loss = self.loss(z1, z2, labels=self.labels[idx].to(self.device))
@@ -209,20 +212,24 @@ class Trainer:
             loss = self.loss(z1, z2)
         return loss, z1
 
-    def train_step(self, batch, x: torch.Tensor | None = None) -> dict:
+    def train_step(self, batch, x: torch.Tensor | None = None, views: tuple = ()) -> dict:
         """One optimisation step on ``batch`` (item ids); returns the step's log record.
 
-        ``x`` is the batch's input when it was already loaded (DataLoader path).
+        ``x`` is the batch's input when it was already loaded (DataLoader path); ``views``
+        the batch's two views when the dataset made them (indexed items).
         """
         t0 = time.perf_counter()
         idx = torch.as_tensor(batch, dtype=torch.int64)
-        if len(idx) < 2:
+        if skip_on_every_rank(len(idx) < 2, self.device):
             return self._skip_step(idx, t0)
-        if x is None:
+        if views:
+            x = None
+        elif x is None:
             x = self.data[idx]
-        x = x.to(self.device)
+        if x is not None:
+            x = x.to(self.device)
         self.model.train()
-        loss, z1 = self._forward_loss(idx, x)
+        loss, z1 = self._forward_loss(idx, x, views)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss is {float(loss)} at step {self.global_step}; lower "
                                      "the learning rate or raise the temperature")
@@ -237,33 +244,29 @@ class Trainer:
         z1 = z1.detach()
         self.bank.update(idx, z1)
         step_seconds = time.perf_counter() - t0
-        record = {
-            "kind": "step",
-            "step": self.global_step + 1,
-            "epoch": self.epoch,
-            "loss": float(loss.detach()),
-            "hardness": batch_hardness(z1, torch.arange(len(idx))),
-            "false_negative_rate": (batch_false_negative_rate(self.labels, idx)
-                                    if self.labels is not None else math.nan),
-            "step_seconds": step_seconds,
-        }
-        return record
+        return {"kind": "step", "step": self.global_step + 1, "epoch": self.epoch,
+                "loss": float(loss.detach()), **batch_diagnostics(z1, idx, self.labels,
+                                                                  self.reference),
+                "step_seconds": step_seconds}
 
     def _skip_step(self, idx: torch.Tensor, t0: float) -> dict:
         """A batch of one item (the short last batch when ``N % B == 1``): nothing to contrast.
 
         As ``drop_last`` would, the step makes no update (an Adam step on a zero loss would still
         move the weights through its momentum); it is logged with loss 0 (MultipleNegatives-
-        RankingLoss's value for one pair) and ``"skipped": True``.
+        RankingLoss's value for one pair) and ``"skipped": True``. Under torch.distributed
+        every rank skips when any rank's batch has one item
+        (:func:`~hardbatch.train.batches.skip_on_every_rank`).
         """
         if not self._warned_skip:
+            who = "a batch of 1 item has" if len(idx) < 2 else "another rank's batch of 1 item has"
             warnings.warn(
-                f"step {self.global_step + 1}: a batch of {len(idx)} item has no negative and is "
-                "skipped (no update); use drop_last=True in the sampler or a batch size that "
-                "does not leave one item over", stacklevel=3)
+                f"step {self.global_step + 1}: {who} no negative and the step is skipped (no "
+                "update); use drop_last=True in the sampler or a batch size that does not leave "
+                "one item over", stacklevel=3)
             self._warned_skip = True
         return {"kind": "step", "step": self.global_step + 1, "epoch": self.epoch, "loss": 0.0,
-                "hardness": math.nan, "false_negative_rate": math.nan,
+                **batch_diagnostics(None, idx, self.labels, self.reference),
                 "step_seconds": time.perf_counter() - t0, "skipped": True}
 
     # -- evaluation ----------------------------------------------------
@@ -312,16 +315,14 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------
     def _batches(self):
-        """Yield ``(batch_ids, x or None)`` for the rest of the current epoch."""
+        """Yield ``(batch_ids, x or None, views)`` for the rest of the current epoch."""
         if self.tensor_data:
             for batch in self.sampler:
-                yield batch, None
+                yield batch, None, ()
             return
-        loader = torch.utils.data.DataLoader(
-            _Indexed(self.data), batch_sampler=self.sampler, num_workers=self.config.num_workers,
-            generator=torch.Generator().manual_seed(self.config.seed + self.epoch))
-        for idx, x in loader:
-            yield idx.tolist(), x
+        yield from loader_batches(self.data, self.sampler, self.config.num_workers,
+                                  torch.Generator().manual_seed(self.config.seed + self.epoch),
+                                  self.indexed)
 
     def _maybe_checkpoint(self, force: bool = False) -> None:
         c = self.config
@@ -365,17 +366,19 @@ class Trainer:
                     sampler_before = getattr(self.sampler, "sampler_seconds", None)
                     t0 = time.perf_counter()
                     try:
-                        batch, x = next(batches)
+                        batch, x, views = next(batches)
                     except StopIteration:
                         break
                     fetch = time.perf_counter() - t0
-                    record = self.train_step(batch, x)
+                    record = self.train_step(batch, x, views)
                     if self.tensor_data or sampler_before is None:
                         # all the time the sampler took to hand over the batch
                         record["sampler_seconds"] = fetch
                     else:  # the loader's fetch includes data loading: the sampler's own clock
                         record["sampler_seconds"] = self.sampler.sampler_seconds - sampler_before
                     record["step_seconds"] += fetch
+                    if hasattr(self.sampler, "refreshes"):  # graphs / orders built so far
+                        record["refreshes"] = int(self.sampler.refreshes)
                     self.global_step += 1
                     self.step_in_epoch += 1
                     self.epoch_batches.append([int(i) for i in batch])

@@ -43,7 +43,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hardbatch.cli_types import nonnegative_int, positive_float, positive_int, probability
+from hardbatch.cli_types import (
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    probability,
+    temperature,
+)
 from hardbatch.graph import check_graph_sizes
 from hardbatch.registry import parse_names
 
@@ -152,7 +158,7 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
     ``data`` is :func:`load_images`'s tuple; ``args`` the parsed ``bench simclr`` options.
     """
     from hardbatch import EmbeddingBank, LinearDecay
-    from hardbatch.metrics import coverage
+    from hardbatch.metrics import NEAR_DUPLICATE, coverage
     from hardbatch.train import TrainConfig, Trainer, embed, seed_everything
 
     from ..factories import gcbs_quantile, make_loss, make_sampler
@@ -188,12 +194,14 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
                         generator=torch.Generator().manual_seed(seed))
     bank = EmbeddingBank(n, 128, seed=seed)
     ckpt = path.with_name(f".{path.stem}.ckpt")
+    t0 = time.perf_counter()  # the untrained network's projections (no random numbers drawn)
+    untrained = embed(torch.nn.Sequential(encoder, head).to(device), x_train, 1024, device)
+    reference = untrained - untrained.mean(dim=0, keepdim=True)  # every arm's reference, centred
+    reference_s = time.perf_counter() - t0
     bank_init_s = 0.0
     if args.bank_init == "encode" and sampler_name != "uniform" and not ckpt.is_file():
-        t0 = time.perf_counter()  # the first graph from the untrained network, not random rows
-        model = torch.nn.Sequential(encoder, head).to(device)
-        bank.embeddings.copy_(embed(model, x_train, 1024, device))
-        bank_init_s = time.perf_counter() - t0
+        bank.embeddings.copy_(untrained)  # the first graph from the untrained network
+        bank_init_s = reference_s
     sampler = make_sampler(sampler_name, bank, bsz, seed=seed, candidates=cands, neighbors=neigh,
                            restart=LinearDecay(*args.restart), refresh_every=args.refresh_every,
                            epochs=args.epochs, quantile=quantile)
@@ -203,7 +211,7 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
                          progress=args.progress, max_steps=args.max_steps,
                          checkpoint_path=str(ckpt), eval_batch_size=1024)
     trainer = Trainer(encoder, loss_fn, sampler, x_train, y_train, head=head, augment=augment,
-                      eval_data=(x_test, y_test), config=config, bank=bank)
+                      eval_data=(x_test, y_test), config=config, bank=bank, reference=reference)
     initial = None
     if not ckpt.is_file():
         initial = {"step": 0, "epoch": 0, **trainer.evaluate(probe=False)}
@@ -213,6 +221,10 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
     hist = result.history
     last_epoch = [r for r in hist if r["epoch"] == hist[-1]["epoch"]] if hist else []
     images_per_s = (result.steps * bsz / result.step_seconds if result.step_seconds else math.nan)
+    # (the steps of a checkpoint written before the reference existed lack its entries: NaN)
+    trace = {k: [r.get(k, math.nan) for r in hist] for k in (
+        "step", "epoch", "loss", "hardness", "false_negative_rate", "reference_hardness",
+        "reference_near_duplicate_rate", "sampler_seconds", "step_seconds")}
     eval_s = sum(e.get("seconds", 0.0) for e in result.evals) + (initial or {}).get("seconds", 0)
     hp = {"dataset": args.dataset, "train_size": n, "test_size": len(y_test),
           "batch_size": bsz, "epochs": args.epochs, "steps_per_epoch": steps_per_epoch,
@@ -249,15 +261,19 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
             [r["false_negative_rate"] for r in last_epoch])) if last_epoch else None,
         "mean_hardness": result.mean("hardness"),
         "last_epoch_coverage": coverage(result.last_epoch_batches, n),
-        "trace": {k: [r[k] for r in hist] for k in ("step", "epoch", "loss", "hardness",
-                                                    "false_negative_rate", "sampler_seconds",
-                                                    "step_seconds")},
+        "trace": trace,
         "trace_note": ("per step (Trainer history): hardness = mean top-1 in-batch cosine of the "
                        "anchor projections; false_negative_rate = share of same-class in-batch "
-                       "pairs (labels used for diagnostics only); step_seconds includes the "
-                       "sampler and the augmentations"),
+                       "pairs (labels used for diagnostics only); reference_* = the same batch "
+                       "in the reference embedding; step_seconds includes the sampler and the "
+                       "augmentations"),
+        "reference_diagnostics": runs.reference_summary(
+            trace, "projections of the untrained network (the seed's initial weights) of the "
+                   "training images, centred: the same for every sampler and loss of this seed",
+            NEAR_DUPLICATE),
         "wall_time_s": time.perf_counter() - t_start,
         "train_time_s": result.step_seconds, "eval_time_s": eval_s, "bank_init_s": bank_init_s,
+        "reference_s": reference_s,
         "cpu_time_s": time.process_time() - c_start,
         "resumed": initial is None,
         "command": _command_line(),
@@ -305,7 +321,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--channels-last", dest="channels_last", action="store_true", default=None,
                    help="channels_last memory format (default: on with CUDA)")
     p.add_argument("--no-channels-last", dest="channels_last", action="store_false")
-    p.add_argument("--temperature", type=positive_float, default=d["temperature"])
+    p.add_argument("--temperature", type=temperature, default=d["temperature"])
     p.add_argument("--lr", type=positive_float, default=d["lr"], help="Adam learning rate")
     p.add_argument("--weight-decay", type=float, default=1e-6)
     p.add_argument("--candidates", type=positive_int, default=d["candidates"], help="M")
@@ -343,20 +359,23 @@ def run_simclr(args) -> int:
     total = len(samplers) * len(losses) * len(seeds)
     print(f"[simclr] {args.dataset}: {total - len(todo)}/{total} runs done, {len(todo)} to run "
           f"-> {out}", flush=True)
+    tally = runs.GridTally(skipped=total - len(todo))
     if args.dry_run or not todo:
+        print(tally.summary("[simclr]"), flush=True)
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally` (lock cleanup)
     t0 = time.perf_counter()
     data = load_images(args.dataset, args.data_dir, args.cache_dir)
     print(f"[simclr] loaded {args.dataset}: {len(data[1])} train / {len(data[3])} test images "
           f"({time.perf_counter() - t0:.1f}s)", flush=True)
-    failures = runs.run_grid(
+    tally += runs.run_grid(
         todo, lambda s, l, seed: result_path(out, args.dataset, s, l, seed, tag),
         lambda s, l, seed, path: run_one(args, data, s, l, seed, path),
         lambda s, l, seed, rec: _summary(args.dataset, s, l, seed, rec),
         key="knn_accuracy", force=args.force, prefix="[simclr]",
         reraise=(ValueError, FileNotFoundError))
-    return 1 if failures else 0
+    print(tally.summary("[simclr]"), flush=True)
+    return tally.exit_code
 
 
 def _summary(dataset: str, sampler: str, loss: str, seed: int, rec: dict) -> str:

@@ -1,7 +1,10 @@
 """Build docs/results/graphs.md (and per-dataset figures) from the GraphCL run JSONs.
 
-    python scripts/report_graphs.py [--results results/graphs] [--out docs/results/graphs.md]
+    python scripts/report_graphs.py [--results results/graphs] [--out PAGE | --in-place]
     python -m hardbatch_experiments.reports.graphs ...   (the same)
+
+The page goes to ``--out`` (default ``out/reports/graphs.md``); ``--in-place`` rewrites the
+tracked ``docs/results/graphs.md`` (as ``scripts/graph_grid.sh`` does).
 
 Only runs with the paper's configuration (no ``tag``) enter the tables; runs with overrides
 (``--epochs 1`` ...) are counted separately. Missing runs are listed as missing.
@@ -13,8 +16,8 @@ import math
 import statistics
 from pathlib import Path
 
-from .common import (diff_se, generated_line, link, mean_std, md_row, md_rule, n_seeds, pyplot,
-                     report_parser, save_figure, write_page)
+from .common import (Progress, diff_se, generated_line, link, mean_std, md_row, md_rule, n_seeds,
+                     page_path, pyplot, report_parser, save_figure, write_page)
 from .graphs_runs import (DATASETS, EXPECTED_SEEDS, LOSSES, PAPER, SAMPLERS, accs, cell, load,
                           paper_gap, short)
 
@@ -327,16 +330,23 @@ def plot(runs: dict, dataset: str, fig_dir: Path) -> Path | None:
     have = [s for s in SAMPLERS if runs.get((dataset, s, "infonce"))]
     if not have:
         return None
+    keys = ("false_negative_rate", "hardness")
+    if any("reference_hardness" in r["trace"] for s in have
+           for r in runs[(dataset, s, "infonce")].values()):
+        keys += ("reference_hardness",)  # runs that recorded it (the others: no curve)
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.6))
     for s in have:
-        recs = list(runs[(dataset, s, "infonce")].values())
-        steps = min(len(r["trace"]["step"]) for r in recs)
+        every = list(runs[(dataset, s, "infonce")].values())
+        steps = min(len(r["trace"]["step"]) for r in every)
         if steps == 0:
             continue
-        x = recs[0]["trace"]["step"][:steps]
-        window = max(1, sum(1 for e in recs[0]["trace"]["epoch"] if e == 0))  # one epoch
-        for ax, key in zip(axes, ("false_negative_rate", "hardness")):
+        x = every[0]["trace"]["step"][:steps]
+        window = max(1, sum(1 for e in every[0]["trace"]["epoch"] if e == 0))  # one epoch
+        for ax, key in zip(axes, keys):
+            recs = [r for r in every if key in r["trace"]]
+            if not recs:
+                continue
             cols = [[r["trace"][key][i] for r in recs] for i in range(steps)]
             y = [statistics.fmean(v for v in c if not math.isnan(v))
                  if any(not math.isnan(v) for v in c) else math.nan
@@ -347,6 +357,9 @@ def plot(runs: dict, dataset: str, fig_dir: Path) -> Path | None:
             ax.plot(x, sm, label=f"{s} ({len(recs)} seeds)", lw=1.2)
     axes[0].set_title(f"{dataset}: false-negative rate per batch", fontsize=10)
     axes[1].set_title(f"{dataset}: hardness (mean top-1 negative cosine)", fontsize=10)
+    if len(keys) == 3:
+        axes[2].set_title(f"{dataset}: hardness in the reference (untrained encoder)",
+                          fontsize=10)
     for ax in axes:
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
@@ -367,7 +380,10 @@ def figures(runs: dict, datasets: list[str], fig_dir: Path, out: Path) -> tuple[
              "one epoch of steps. The readout is an uncentred sum over nodes (taken in "
              "training mode), so on the constant-feature datasets (IMDB-B, COLLAB, "
              "REDDIT-B) every pair of graphs has a cosine near 1 and the hardness curves "
-             "barely separate the samplers; the false-negative rate does.", ""]
+             "barely separate the samplers; the false-negative rate does. Where runs recorded "
+             "it, a third panel measures the same batches in one fixed reference embedding "
+             "shared by every sampler of a seed (the untrained encoder's readout): the "
+             "current-embedding hardness moves with each run's own model.", ""]
     for d, p in figs:
         lines += [f"![{d}]({link(p, out)})", ""]
     return lines, len(figs)
@@ -377,9 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = report_parser("graphs", __doc__)
     ap.add_argument("--figures", default=None, help="default: <out dir>/figures")
     args = ap.parse_args(argv)
-    results, out = Path(args.results), Path(args.out)
+    results, out = Path(args.results), page_path(ap, args, "graphs")
     fig_dir = Path(args.figures) if args.figures else out.parent / "figures"
-    runs, variants, probes = load(results)
+    progress = Progress("graphs")
+    progress.step(f"reading {results} ...")
+    runs, variants, probes = load(results, progress)
     datasets = DATASETS + sorted({k[0] for k in runs} - set(DATASETS))
     released = {(d, s, loss): recs for (d, tag, s, loss), recs in variants.items()
                 if tag == "augreleased"}
@@ -393,9 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     lines += goals(runs, released, datasets)
     table, done, planned = completeness(runs, datasets)
     lines += table + timing(runs, probes, datasets) + variants_section(runs, variants, probes)
+    progress.step(f"{done}/{planned} planned runs finished; drawing figures into {fig_dir} ...")
     fig_lines, n_figs = figures(runs, datasets, fig_dir, out)
     write_page(out, lines + fig_lines)
-    print(f"wrote {out} ({done}/{planned} runs, {n_figs} figures)")
+    print(progress.summary(out, done, planned - done) + f", {n_figs} figures")
     return 0
 
 

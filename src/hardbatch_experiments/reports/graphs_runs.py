@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hardbatch.registry import sampler_names
 
-from .common import mean_std, read_json
+from .common import Progress, mean_std, read_json
 
 DATASETS = ["IMDB-BINARY", "COLLAB", "REDDIT-BINARY", "PROTEINS", "MUTAG", "NCI1"]
 SHORT = {"IMDB-BINARY": "IMDB-B", "REDDIT-BINARY": "REDDIT-B"}
@@ -27,15 +27,17 @@ PAPER = {
 }
 
 
-def load(results: Path) -> tuple[dict, dict, dict]:
+def load(results: Path, progress: Progress | None = None) -> tuple[dict, dict, dict]:
     """The finished runs under ``results``: ``runs[(dataset, sampler, loss)][seed]`` in the
     paper's setting, ``variants[(dataset, tag, sampler, loss)][seed]`` with overrides, and
     ``probes[dataset]``, the short timing runs (tags ``e<k>``)."""
     runs: dict = defaultdict(dict)
     variants: dict = defaultdict(dict)
     probes: dict = defaultdict(list)
-    for f, rec in read_json(results):
-        if "accuracy" not in rec:
+    for f, rec in read_json(results, progress):
+        if not isinstance(rec, dict) or "accuracy" not in rec:
+            if progress is not None:
+                progress.skipped += 1
             continue
         tag = rec.get("tag")
         if tag and tag.startswith("e") and tag[1:].isdigit():

@@ -1,7 +1,10 @@
 """Build docs/results/text.md (and a figure) from the SimCSE run JSONs and the zero-shot JSON.
 
-    python scripts/report_text.py [--results results/text] [--out docs/results/text.md]
+    python scripts/report_text.py [--results results/text] [--out PAGE | --in-place]
     python -m hardbatch_experiments.reports.text ...   (the same)
+
+The page goes to ``--out`` (default ``out/reports/text.md``); ``--in-place`` rewrites the
+tracked ``docs/results/text.md`` (as ``scripts/text_grid.sh`` does).
 
 Everything in the tables comes from ``results/text/*.json`` (written by ``hardbatch bench simcse``
 and ``hardbatch eval sts --out``); the paper rows are the published numbers, quoted. Runs are
@@ -18,8 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from .common import fmt_mean_std as fmt
-from .common import (generated_line, link, md_row, md_rule, pyplot, report_parser, save_figure,
-                     write_page)
+from .common import (Progress, generated_line, link, md_row, md_rule, page_path, pyplot,
+                     report_parser, save_figure, write_page)
 from .text_plans import floor_section, plans_section
 from .text_runs import (SAMPLER_OPTIONS, SAMPLERS, TASKS, TextRuns, load, loss_key, loss_label,
                         never_trained, r_base)
@@ -354,10 +357,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--figure", default=None,
                     help="default: <out dir>/figures/text_sts_vs_hardness.png")
     args = ap.parse_args(argv)
-    results, out = Path(args.results), Path(args.out)
+    results, out = Path(args.results), page_path(ap, args, "text")
     fig_path = (Path(args.figure) if args.figure else
                 out.parent / "figures" / "text_sts_vs_hardness.png")
-    g = load(results)
+    progress = Progress("text")
+    progress.step(f"reading {results} ...")
+    g = load(results, progress)
+    progress.step(f"{len(g.runs)} runs (main tag {g.main_tag}); writing the page and "
+                  f"{fig_path} ...")
     L = ["# SimCSE on STS with hardbatch samplers (sentence-transformers)\n",
          generated_line("text", results) + "\n"]
     L += setup(g) + results_tables(g) + diagnostics(g)
@@ -369,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
           "cached) to skip the encoding pass; `hardbatch bench simcse` is this loop plus "
           "diagnostics and JSON output."]
     write_page(out, L)
-    print(f"wrote {out} ({len(g.runs)} runs, main tag {g.main_tag})")
+    print(progress.summary(out, len(g.runs), None) + f", main tag {g.main_tag}")
     return 0
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hardbatch.registry import sampler_names
 
-from .common import read_json
+from .common import Progress, read_json
 
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark"]
 SAMPLERS = ("default", *sampler_names())  # default: sentence-transformers' own sampler
@@ -129,15 +129,21 @@ class TextRuns:
         return d, d_same, same_ref is self.base
 
 
-def load(results: Path) -> TextRuns:
-    """The SimCSE runs, the zero-shot evaluation and the plan-only runs under ``results``."""
+def load(results: Path, progress: Progress | None = None) -> TextRuns:
+    """The SimCSE runs, the zero-shot evaluation and the plan-only runs under ``results``
+    (other files are counted as skipped in ``progress``)."""
     runs, zero, plans = [], None, []
-    for p, rec in read_json(results):
-        if p.name.startswith("zero_shot") and "tasks" in rec and not rec.get("limit"):
+    for p, rec in read_json(results, progress):
+        if not isinstance(rec, dict):
+            if progress is not None:
+                progress.skipped += 1
+        elif p.name.startswith("zero_shot") and "tasks" in rec and not rec.get("limit"):
             zero = rec
         elif rec.get("benchmark") == "simcse" and "avg" in rec:
             rec["_file"] = p.name
             runs.append(rec)
         elif rec.get("benchmark") == "simcse-plan" and "plan_diagnostics" in rec:
             plans.append(rec)
+        elif progress is not None and p.name != "debias_floor.json":  # (read by its section)
+            progress.skipped += 1
     return TextRuns(runs, zero, plans)

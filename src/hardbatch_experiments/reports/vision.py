@@ -1,7 +1,10 @@
 """Build docs/results/vision.md (and figures) from the SimCLR run JSONs of `hardbatch bench simclr`.
 
-    python scripts/report_vision.py [--results results/vision] [--out docs/results/vision.md]
+    python scripts/report_vision.py [--results results/vision] [--out PAGE | --in-place]
     python -m hardbatch_experiments.reports.vision ...   (the same)
+
+The page goes to ``--out`` (default ``out/reports/vision.md``); ``--in-place`` rewrites the
+tracked ``docs/results/vision.md`` (as ``scripts/vision_grid.sh`` does).
 
 Everything in the report comes from the JSON files (one per finished run); runs with the default
 configuration (no ``tag``) enter the tables, tagged runs (overrides such as ``--epochs 1``) are
@@ -19,8 +22,8 @@ from pathlib import Path
 
 from hardbatch.registry import canonical_loss
 
-from .common import (diff_se, finite, fmt_mean_std, generated_line, link, n_seeds, pyplot,
-                     read_json, report_parser, save_figure, write_page)
+from .common import (Progress, diff_se, finite, fmt_mean_std, generated_line, link, n_seeds,
+                     page_path, pyplot, read_json, report_parser, save_figure, write_page)
 
 SAMPLER_NAME = {"uniform": "uniform", "knn": "kNN sampler", "proximity": "proximity graph (RWR)",
                 "gcbs": "GCBS"}
@@ -72,7 +75,10 @@ SETUP = """## Setup (what the numbers are)
   standardised features) at the end.
 - Diagnostics (labels are used for these only): false-negative rate = share of same-class pairs
   in a batch (uniform: about 0.1 for 10 balanced classes), hardness = mean top-1 in-batch cosine
-  of the anchor projections, per step; coverage = share of training images drawn in the last
+  of the anchor projections, per step; ref. hardness = the same in one fixed reference
+  embedding shared by every row of a seed (the untrained network's projections of the training
+  images; `—`: not measured, runs written before it was recorded), so rows compare in one
+  coordinate system; coverage = share of training images drawn in the last
   epoch; sampler share = time handing over batches (walks, graph rebuilds, GCBS orders) over
   step time (which includes the augmentations); images/s = training images (2 views each) per
   second of step time.
@@ -94,16 +100,27 @@ SETUP = """## Setup (what the numbers are)
 """
 
 
-def load(results: Path) -> list[dict]:
+def load(results: Path, progress: Progress | None = None) -> list[dict]:
     """The finished runs under ``results``, their loss names canonical (``debiased`` -> ``dcl``,
     ``hard_negative`` -> ``hcl``) and their file name under ``_file``."""
     runs = []
-    for f, rec in read_json(results):
-        if "knn_accuracy" in rec and "sampler" in rec:
+    for f, rec in read_json(results, progress):
+        if isinstance(rec, dict) and "knn_accuracy" in rec and "sampler" in rec:
             rec["loss"] = canonical_loss(rec["loss"])
             rec["_file"] = f.name
             runs.append(rec)
+        elif progress is not None:
+            progress.skipped += 1
     return runs
+
+
+def missing_runs(runs: list[dict]) -> int:
+    """Planned runs (the table rows x PLANNED_SEEDS per dataset) without a finished JSON."""
+    untagged = [r for r in runs if not r.get("tag")]
+    datasets = sorted({r["dataset"] for r in untagged}) or ["cifar10"]
+    return sum(max(0, PLANNED_SEEDS - len({r["seed"] for r in untagged if r["dataset"] == ds
+                                           and (r["sampler"], r["loss"]) == row}))
+               for ds in datasets for row in MAIN_ROWS + OTHER_ROWS)
 
 
 def mean_cell(values, fmt: str = "{:.3f}") -> str:
@@ -151,6 +168,12 @@ def delta_cell(a: list[float], b: list[float]) -> str:
     return f"{d:+.2f} ± {se:.2f} ({verdict})"
 
 
+def reference_hardness(r: dict) -> float | None:
+    """A run's mean batch hardness in the shared reference embedding (None: not measured, runs
+    written before ``reference_diagnostics`` existed)."""
+    return (r.get("reference_diagnostics") or {}).get("mean_hardness")
+
+
 def by_row(runs: list[dict]) -> dict[tuple[str, str], list[dict]]:
     """The runs grouped by (sampler, loss)."""
     by = defaultdict(list)
@@ -164,9 +187,9 @@ def table(runs: list[dict], rows: list[tuple[str, str]]) -> list[str]:
     by = by_row(runs)
     base_runs = {r["seed"]: r for r in by[("uniform", "infonce")]}
     out = ["| sampler | loss | seeds | kNN acc | Δ kNN vs uniform/InfoNCE | linear acc | "
-           "Δ linear | false-neg rate | last-epoch FN rate | hardness | coverage | images/s | "
-           "sampler / step | wall / run |",
-           "|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "Δ linear | false-neg rate | last-epoch FN rate | hardness | ref. hardness | "
+           "coverage | images/s | sampler / step | wall / run |",
+           "|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s, loss in rows:
         rs = sorted(by[(s, loss)], key=lambda r: r["seed"])
         knn = [r["knn_accuracy"] for r in rs]
@@ -187,6 +210,7 @@ def table(runs: list[dict], rows: list[tuple[str, str]]) -> list[str]:
             f"{mean_cell([r['mean_false_negative_rate'] for r in rs])} | "
             f"{mean_cell([r['last_epoch_false_negative_rate'] for r in rs])} | "
             f"{mean_cell([r['mean_hardness'] for r in rs])} | "
+            f"{mean_cell([reference_hardness(r) for r in rs])} | "
             f"{mean_cell([r['last_epoch_coverage'] for r in rs])} | "
             f"{mean_cell([r['images_per_second'] for r in rs], '{:.0f}')} | "
             f"{mean_cell([100 * r['sampler_share'] for r in rs], '{:.1f}%')} | "
@@ -253,9 +277,12 @@ def figure(runs: list[dict], path: Path, dataset: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = report_parser("vision", __doc__).parse_args(argv)
-    results, out = Path(args.results), Path(args.out)
-    runs = load(results)
+    ap = report_parser("vision", __doc__)
+    args = ap.parse_args(argv)
+    results, out = Path(args.results), page_path(ap, args, "vision")
+    progress = Progress("vision")
+    progress.step(f"reading {results} ...")
+    runs = load(results, progress)
     lines = ["# SimCLR on CIFAR-10 / MNIST: samplers and losses (issue 7)", "",
              generated_line("vision", results, f" ({len(runs)} finished runs)"), "",
              "Accuracies in %, mean ± std over seeds; `k/3`: seeds finished of the 3 planned. "
@@ -270,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                   ""] + table(rs, MAIN_ROWS) + ["", "### Other loss rows", ""]
         lines += table(rs, OTHER_ROWS) + [""]
         fig = out.parent / "figures" / f"vision_{ds}.png"
+        progress.step(f"{ds}: {len(rs)} runs, drawing {fig} ...")
         if figure(rs, fig, ds):
             lines += [f"![kNN accuracy over training and false-negative rate per sampler]"
                       f"({link(fig, out)})", "",
@@ -281,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if tagged:
         lines += ["", "## Runs with overrides (tagged; not in the tables)", ""] + per_run(tagged)
     write_page(out, lines)
-    print(f"wrote {out} ({len(runs)} runs)")
+    print(progress.summary(out, len(runs), missing_runs(runs)))
     return 0
 
 

@@ -171,6 +171,73 @@ def test_pyg_index_key_is_refused():
         IndexedGraphDataset([], key="item_index")
 
 
+def _plain_and_gzipped_mutag(data_root, tmp_path):
+    """MUTAG as distributed (read from shared/data), and a copy with NAME_A.txt gzipped."""
+    import gzip
+    import shutil
+
+    plain = data_root / "tu"
+    gz = tmp_path / "gz"
+    (gz / "MUTAG").mkdir(parents=True)
+    for f in (plain / "MUTAG").glob("MUTAG_*.txt"):
+        if f.name == "MUTAG_A.txt":
+            with open(f, "rb") as fin, gzip.open(gz / "MUTAG" / "MUTAG_A.txt.gz", "wb") as fout:
+                fout.write(fin.read())
+        else:
+            shutil.copy(f, gz / "MUTAG" / f.name)
+    return plain, gz
+
+
+def test_pyg_tu_dataset_reads_the_distributed_layout(data_root, tmp_path):
+    """issue 17.14: PyG's TUDataset conventions over tu/NAME/NAME_*.txt (no raw/ folder,
+    read-only, gzipped files): the same graphs as read_tu_data, nothing written into root."""
+    pytest.importorskip("torch_geometric")
+    from torch_geometric.io import read_tu_data
+
+    from hardbatch.integrations.pyg import tu_dataset
+
+    plain, gz = _plain_and_gzipped_mutag(data_root, tmp_path)
+    before = sorted(p.name for p in (gz / "MUTAG").iterdir())
+    data, slices, *_ = read_tu_data(str(plain / "MUTAG"), "MUTAG")
+    for root in (plain, gz):
+        ds = tu_dataset(root, "MUTAG", cache_dir=tmp_path / f"cache-{root.name}")
+        assert len(ds) == 188 and ds.num_classes == 2
+        for g in (0, 57, 187):
+            e0, e1 = slices["edge_index"][g], slices["edge_index"][g + 1]
+            assert torch.equal(ds[g].edge_index, data.edge_index[:, e0:e1])
+            assert torch.equal(ds[g].x, data.x[slices["x"][g]:slices["x"][g + 1]])
+            assert int(ds[g].y) == int(data.y[g])
+    assert sorted(p.name for p in (gz / "MUTAG").iterdir()) == before  # root untouched
+    assert (tmp_path / "cache-gz" / "MUTAG" / "processed").is_dir()
+    with pytest.raises(FileNotFoundError, match="NOPE_A.txt"):
+        tu_dataset(plain, "NOPE", cache_dir=tmp_path / "c")
+
+
+def test_pyg_graphcl_augmentations_are_public(data_root, tmp_path):
+    """The GraphCL views live in the library (the recipe imports them from there):
+    augment_batch keeps graph-level attributes and the graph count, same seed same view."""
+    pytest.importorskip("torch_geometric")
+    from torch_geometric.loader import DataLoader
+
+    from hardbatch.integrations import pyg, pyg_augment
+    from hardbatch_experiments.recipes import graphcl
+
+    assert graphcl.augment is pyg.augment is pyg_augment.augment
+    dataset = pyg.IndexedGraphDataset(pyg.tu_dataset(data_root / "tu", "MUTAG", tmp_path))
+    batch = next(iter(DataLoader(dataset, batch_size=32)))
+    views = [pyg.augment_batch(batch, 0.2, torch.Generator().manual_seed(s)) for s in (1, 1, 2)]
+    assert views[0].num_graphs == 32 and torch.equal(views[0].item_id, batch.item_id)
+    assert torch.equal(views[0].y, batch.y) and views[0].batch.max() == 31
+    assert torch.equal(views[0].x, views[1].x) and torch.equal(views[0].edge_index,
+                                                               views[1].edge_index)
+    assert not torch.equal(views[0].edge_index, views[2].edge_index)
+    assert views[0].num_nodes <= batch.num_nodes and views[0].ptr[-1] == views[0].num_nodes
+    only_drop = pyg.augment_batch(batch, 0.2, torch.Generator().manual_seed(0), ("dnodes",))
+    kept = torch.bincount(only_drop.batch, minlength=32)
+    assert torch.equal(kept, batch.ptr[1:] - batch.ptr[:-1]
+                       - ((batch.ptr[1:] - batch.ptr[:-1]) * 0.2).floor().long())
+
+
 # --------------------------------------------------------------------------- sentence-transformers
 
 

@@ -248,3 +248,128 @@ def test_real_training_step(minilm):
         minilm.load_state_dict(state)
         for _, p in named:
             p.requires_grad_(True)
+
+
+# ----------------------------------------------------------------- guide= (GISTEmbed's masks)
+
+
+def _gist():
+    pytest.importorskip("sentence_transformers")
+    try:
+        from sentence_transformers.sentence_transformer.losses import GISTEmbedLoss
+    except ImportError:  # sentence-transformers < 6
+        from sentence_transformers.losses import GISTEmbedLoss
+    return GISTEmbedLoss
+
+
+MORE_ANCHORS = ANCHORS + ["A man is eating a banana.", "A plane is landing.",
+                          "A man plays the violin.", "Kids play basketball."]
+MORE_POSITIVES = POSITIVES + ["A man eats a banana.", "An airplane lands.",
+                              "A man is playing violin.", "Kids are playing basketball."]
+
+
+def test_guide_matches_gist_embed_loss(minilm):
+    """InfoNCE (SimCSE form) with guide= equals sentence-transformers' GISTEmbedLoss without its
+    anchor-anchor / positive-positive blocks, at the same temperature, on the real model: a
+    perturbed copy of all-MiniLM-L6-v2 trained, the original as the guide."""
+    import copy
+
+    from hardbatch import guided_mask
+
+    gist_cls = _gist()
+    guide = minilm
+    model = copy.deepcopy(minilm)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(0)
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=gen))
+    model.eval()
+    guide.eval()
+    features = [_features(model, t) for t in (MORE_ANCHORS, MORE_POSITIVES)]
+    with torch.no_grad():
+        plain = SentenceTransformerLoss(model, "infonce")(features, None)
+        for margin in (0.0, 0.3):
+            ours = SentenceTransformerLoss(model, "infonce", scale=20.0, guide=guide,
+                                           margin=margin)
+            theirs = gist_cls(model, guide, temperature=0.05, margin=margin,
+                              contrast_anchors=False, contrast_positives=False)
+            got, want = ours(features, None), theirs(features, None)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    g = ours.guide_embeddings([dict(f) for f in features])
+    assert guided_mask(g[0], g[1], 0.3).any()  # the guide masked candidates at margin 0.3,
+    assert got < plain  # which lowered the loss
+
+
+def test_guide_callable_forms_and_errors():
+    """A guide callable gets each column's features (or texts with guide_input="texts"); its
+    embeddings are taken without gradient and passed as false_negatives."""
+    gen = torch.Generator().manual_seed(3)
+    cols = [torch.randn(6, 4, generator=gen, dtype=torch.float64) for _ in range(2)]
+    guides = [c + 0.1 for c in cols]
+    seen = []
+
+    def guide(features):
+        seen.append(sorted(features))
+        return {"sentence_embedding": guides[features["column"]].requires_grad_()}
+
+    model = lambda f: {"sentence_embedding": cols[f["column"]]}
+    loss = SentenceTransformerLoss(model, "hcl", scale=2.0, guide=guide, margin=0.3)
+    got = loss([{"column": 0}, {"column": 1}], None)
+    from hardbatch import guided_mask, hard_negative_info_nce
+
+    mask = guided_mask(guides[0], guides[1], 0.3)
+    assert mask.any()
+    want = hard_negative_info_nce(cols[0], cols[1], temperature=0.5, form="simcse",
+                                  false_negatives=mask)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert seen == [["column"], ["column"]]  # a copy of each column's features, not the model's
+    assert loss.get_config_dict()["margin"] == 0.3
+
+    class Tokenizer:
+        def batch_decode(self, ids, skip_special_tokens):
+            return [f"text {int(i)}" for i in ids[:, 0]]
+
+    model.tokenizer = Tokenizer()
+    texts = []
+
+    def text_guide(batch):
+        texts.append(batch)
+        return guides[len(texts) - 1]
+
+    loss = SentenceTransformerLoss(model, "hcl", scale=2.0, guide=text_guide, margin=0.3,
+                                   guide_input="texts")
+    ids = [torch.arange(6)[:, None], torch.arange(6, 12)[:, None]]
+    got = loss([{"column": 0, "input_ids": ids[0]}, {"column": 1, "input_ids": ids[1]}], None)
+    assert texts[1] == [f"text {i}" for i in range(6, 12)]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="guide must be"):
+        SentenceTransformerLoss(model, guide="all-MiniLM-L6-v2")
+    with pytest.raises(ValueError, match="margin must be a finite number"):
+        SentenceTransformerLoss(model, guide=guide, margin=float("nan"))
+    with pytest.raises(ValueError, match="unknown guide_input"):
+        SentenceTransformerLoss(model, guide=guide, guide_input="tokens")
+    with pytest.raises(ValueError, match="guide_embeddings must hold"):
+        loss.compute_loss_from_embeddings(cols, None, guides[:1])
+
+
+def test_guide_with_another_tokenizer_gets_texts():
+    """GISTEmbedLoss's rule: a guide model whose vocabulary differs from the model's is called
+    on the texts, re-tokenised with its own preprocess."""
+    from hardbatch.integrations.sentence_transformers import _must_retokenize
+
+    class Tok:
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def get_vocab(self):
+            return self.vocab
+
+    class Model(torch.nn.Module):
+        def __init__(self, vocab, length=128):
+            super().__init__()
+            self.tokenizer, self.max_seq_length = Tok(vocab), length
+
+    assert not _must_retokenize(Model({"a": 0}), Model({"a": 0}))
+    assert _must_retokenize(Model({"a": 0}), Model({"b": 0}))
+    assert _must_retokenize(Model({"a": 0}, 256), Model({"a": 0}, 128))
+    assert not _must_retokenize(Model({"a": 0}), lambda features: None)

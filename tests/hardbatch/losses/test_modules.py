@@ -91,12 +91,13 @@ MODULES = [
 @pytest.mark.parametrize("cls, fn, options", MODULES)
 def test_options_are_the_function_arguments(cls, fn, options):
     """One options object per module: its fields are the function's keyword arguments (but the
-    per-batch labels and negatives), and the options classes nest like the losses."""
+    per-batch labels, negatives and false_negatives), and the options classes nest like the
+    losses."""
     loss = cls()
     assert type(loss.options) is options
     params = inspect.signature(fn).parameters
     keyword = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    assert sorted(loss.options.kwargs()) == sorted(set(keyword) - {"labels", "negatives"})
+    assert sorted(loss.options.kwargs()) == sorted(set(keyword) - {"labels", "negatives", "false_negatives"})
     assert InfoNCEOptions in options.__mro__
     with pytest.raises(dataclasses.FrozenInstanceError):
         loss.options.temperature = 0.1

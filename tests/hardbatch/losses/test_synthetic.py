@@ -129,6 +129,7 @@ def test_sscl_all_zero_key(form, detach):
     ref = reference(xr, yr, detach_synthetic=detach, **ref_kwargs("sscl", negatives=nr, **kw))
     expected = torch.autograd.grad(ref.sum(), [xr, yr, nr])
     torch.testing.assert_close(loss, ref, rtol=0, atol=1e-10)
-    # A zero row's gradient is ~1e11 (F.normalize divides by eps = 1e-12): compare relatively.
+    # A zero row gets a zero gradient (F.normalize's would be ~1e11: it divides by eps = 1e-12).
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-8)
+    assert torch.equal(got[2][1], torch.zeros(3, dtype=torch.float64))

@@ -143,3 +143,12 @@ def test_gcbs_partition_shards_cover_the_chain_and_concatenate_to_the_order(rng)
         if world == 2:  # about equal cost: no shard holds more than the total minus one cell
             cost = [float((sizes[a:b].astype(float) ** 2).sum()) for a, b in shards]
             assert max(cost) <= (sizes.astype(float) ** 2).sum() - (sizes.astype(float) ** 2).min()
+
+
+@pytest.mark.parametrize("method", ["ivf", "faiss", "exact"])
+def test_nlist_above_n_is_rejected_by_the_constructor(emb, method):
+    with pytest.raises(ValueError, match="nlist=1001 must be at most the N=1000 items"):
+        hb.GCBSSampler(emb, 64, method=method, nlist=1001)
+    with pytest.raises(ValueError, match="partitions=1001 must be at most the N=1000 items"):
+        hb.GCBSSampler(emb, 64, method="partition", partitions=1001)
+    assert len(hb.GCBSSampler(emb, 64, method="ivf", nlist=1000)) == 16

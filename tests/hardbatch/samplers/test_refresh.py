@@ -234,9 +234,9 @@ def test_gcbs_next_is_built_from_the_snapshot_lag_steps_before_the_end(base):
     policy_ = sampler.refresh_policy
     read, build = policy_.read, policy_.build
 
-    def spy_read(copy):
+    def spy_read(copy, **kw):
         snapshots.append((sampler.source.step, copy))
-        return read(copy)
+        return read(copy, **kw)
 
     def spy_build(xy, epoch, group):
         builders[epoch] = threading.current_thread().name

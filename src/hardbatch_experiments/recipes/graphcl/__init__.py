@@ -29,7 +29,8 @@ graph of a sampler is built from real (if untrained) embeddings; ``--bank-init r
 bank's random init.
 
 Samplers and losses come from :mod:`hardbatch.registry` (``--sampler`` / ``--loss``: its names,
-comma-separated, or ``all``). Modules: :mod:`.augment` (views), :mod:`.model` (GIN encoder,
+comma-separated, or ``all``). The views come from the library,
+:mod:`hardbatch.integrations.pyg_augment` (re-exported here). Modules: :mod:`.model` (GIN encoder,
 projection head), :mod:`.evaluation` (SVM), :mod:`.run` (one run, the paper's settings),
 :mod:`.cli` (``hardbatch bench graphcl``, the grid).
 
@@ -39,8 +40,9 @@ Usage::
         --out results/graphs/
 """
 
+from hardbatch.integrations.pyg_augment import AUGS, augment, augment_released, released_self_loops
+
 from ...factories import gcbs_quantile
-from .augment import AUGS, augment, augment_released, released_self_loops
 from .cli import add_graphcl_parser, build_parser, main, run_graphcl
 from .evaluation import C_GRID, evaluate_embeddings
 from .model import GINEncoder, GraphCL, embed_all

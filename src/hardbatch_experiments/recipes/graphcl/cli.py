@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from hardbatch.cli_types import positive_float, positive_int, temperature
 from hardbatch.registry import parse_names
 
 from ... import runs
@@ -35,13 +36,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None,
                    help="writable cache for parsed datasets (default ~/.cache/hardbatch/tu)")
     runs.add_run_arguments(p, seeds=5)
-    p.add_argument("--epochs", type=int, default=None, help="default: the paper's per dataset")
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--refresh-every", type=int, default=None, help="t (steps)")
-    p.add_argument("--candidates", type=int, default=None, help="M")
-    p.add_argument("--neighbors", type=int, default=None, help="K")
-    p.add_argument("--temperature", type=float, default=CLI_DEFAULTS["temperature"])
-    p.add_argument("--lr", type=float, default=CLI_DEFAULTS["lr"])
+    p.add_argument("--epochs", type=positive_int, default=None,
+                   help="default: the paper's per dataset")
+    p.add_argument("--batch-size", type=positive_int, default=None)
+    p.add_argument("--refresh-every", type=positive_int, default=None, help="t (steps)")
+    p.add_argument("--candidates", type=positive_int, default=None, help="M")
+    p.add_argument("--neighbors", type=positive_int, default=None, help="K")
+    p.add_argument("--temperature", type=temperature, default=CLI_DEFAULTS["temperature"])
+    p.add_argument("--lr", type=positive_float, default=CLI_DEFAULTS["lr"])
     p.add_argument("--tau-plus", type=float, default=CLI_DEFAULTS["tau_plus"])
     p.add_argument("--beta", type=float, default=CLI_DEFAULTS["beta"])
     p.add_argument("--aug-ratio", type=float, default=CLI_DEFAULTS["aug_ratio"])
@@ -58,8 +60,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "torch_geometric.loader.DataLoader(dataset, batch_sampler=sampler)")
     p.add_argument("--svm-kernel", choices=("precomputed", "rbf"), default="precomputed",
                    help="precomputed: RBF Gram matrix computed once (fast); rbf: SVC() as GraphCL")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
-    p.add_argument("--log-every", type=int, default=1, help="steps between trace entries")
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="torch threads per run (default 1)")
+    p.add_argument("--log-every", type=positive_int, default=1, help="steps between trace entries")
     runs.add_grid_arguments(p, out="results/graphs")
     p.add_argument("--verbose", action="store_true", help="print the loss every epoch")
 
@@ -81,7 +84,7 @@ def run_graphcl(args) -> int:
                          "its original + augmented views: drop --aug-ratio and --views aug+aug, "
                          "or use --aug-style paper")
     out = Path(args.out)
-    failures = 0
+    tally = runs.GridTally()
     for raw_name in args.dataset:
         name = canonical_dataset(raw_name)
         hyper = hyper_for(name)
@@ -96,6 +99,7 @@ def run_graphcl(args) -> int:
         total = len(samplers) * len(losses) * len(seeds)
         print(f"[graphcl] {name}: {total - len(todo)}/{total} runs done, {len(todo)} to run "
               f"-> {out}", flush=True)
+        tally.skipped += total - len(todo)
         if args.dry_run or not todo:
             continue
         t0 = time.perf_counter()
@@ -104,12 +108,13 @@ def run_graphcl(args) -> int:
         print(f"[graphcl] loaded {name}: {len(dataset)} graphs, {dataset.num_features} "
               f"{dataset.feature_kind} features, {dataset.num_classes} classes "
               f"({time.perf_counter() - t0:.1f}s)", flush=True)
-        failures += runs.run_grid(
+        tally += runs.run_grid(
             todo, lambda s, l, seed: result_path(out, name, s, l, seed, tag),  # noqa: B023
             lambda s, l, seed, path: run_one(args, dataset, s, l, seed, path),  # noqa: B023
             lambda s, l, seed, rec: _summary(name, s, l, seed, rec),  # noqa: B023 (called now)
             key="accuracy", force=args.force, prefix="[graphcl]")
-    return 1 if failures else 0
+    print(tally.summary("[graphcl]"), flush=True)
+    return 0 if args.dry_run else tally.exit_code
 
 
 def _summary(name: str, sampler: str, loss: str, seed: int, rec: dict) -> str:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .augment import released_self_loops
+from hardbatch.integrations.pyg_augment import released_self_loops
 
 __all__ = ["GINEncoder", "GraphCL", "embed_all"]
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hardbatch.integrations.pyg_augment import AUGS, augment, augment_released
+
 from ... import runs
 from ...factories import LOSS_SETTINGS, gcbs_quantile, make_loss, make_sampler
-from .augment import AUGS, augment, augment_released
 from .evaluation import C_GRID, evaluate_embeddings
 from .model import GraphCL, embed_all
 
@@ -114,7 +115,12 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
             log=print) -> dict:
     """Train and evaluate one configuration; writes ``path`` (JSON) and returns the record."""
     from hardbatch import EmbeddingBank, LinearDecay
-    from hardbatch.metrics import batch_false_negative_rate, batch_hardness
+    from hardbatch.metrics import (
+        NEAR_DUPLICATE,
+        batch_false_negative_rate,
+        batch_hardness,
+        batch_near_duplicate_rate,
+    )
 
     t_start = time.perf_counter()
     c_start = time.process_time()
@@ -154,10 +160,15 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
     timings = {"bank_init": 0.0, "data": 0.0, "augment": 0.0, "forward_backward": 0.0,
                "metrics": 0.0, "sampler": 0.0, "eval_embed": 0.0, "eval_svm": 0.0}
     bank = EmbeddingBank(n, model.encoder.out_dim, seed=seed)
+    t0 = time.perf_counter()  # the untrained encoder's readout (no random numbers drawn)
+    untrained = embed_all(model, dataset, self_loops=released)
+    # The reference of every arm of this seed: that readout, centred (the raw sum readout of an
+    # untrained GIN puts every pair of graphs near cosine 1, which separates nothing).
+    reference = untrained - untrained.mean(dim=0, keepdim=True)
+    timings["reference"] = time.perf_counter() - t0
     if args.bank_init == "encode" and sampler_name != "uniform":
-        t0 = time.perf_counter()
-        bank.embeddings.copy_(embed_all(model, dataset, self_loops=released))
-        timings["bank_init"] = time.perf_counter() - t0
+        bank.embeddings.copy_(untrained)  # the bank starts from the same encoding pass
+        timings["bank_init"] = timings["reference"]
     sampler = make_sampler(sampler_name, bank, bsz, seed=seed, candidates=cands, neighbors=neigh,
                            restart=LinearDecay(0.2, 0.05), refresh_every=hp["refresh_every"],
                            epochs=epochs, quantile=hp["gcbs_quantile"])
@@ -169,7 +180,8 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
         loader = torch.utils.data.DataLoader(_IndexDataset(n), batch_sampler=sampler,
                                              collate_fn=dataset.collate)
     labels = dataset.y.numpy()
-    trace = {"step": [], "epoch": [], "loss": [], "hardness": [], "false_negative_rate": []}
+    trace = {"step": [], "epoch": [], "loss": [], "hardness": [], "false_negative_rate": [],
+             "reference_hardness": [], "reference_near_duplicate_rate": []}
     step = 0
     epoch_wall, epoch_cpu = [], []
     model.train()
@@ -222,6 +234,9 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
                 trace["loss"].append(lv)
                 trace["hardness"].append(batch_hardness(bank.embeddings, idn))
                 trace["false_negative_rate"].append(batch_false_negative_rate(labels, idn))
+                trace["reference_hardness"].append(batch_hardness(reference, idn))
+                trace["reference_near_duplicate_rate"].append(
+                    batch_near_duplicate_rate(reference, idn))
             timings["metrics"] += time.perf_counter() - t3
             epoch_loss += lv
             epoch_steps += 1
@@ -255,10 +270,15 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
         "trace": trace,
         "trace_note": ("per logged step: hardness = mean top-1 negative cosine and "
                        "false_negative_rate = share of same-label pairs, of the batch's bank "
-                       "embeddings right after this step's update (anchor readout)"),
+                       "embeddings right after this step's update (anchor readout); "
+                       "reference_* = the same batch in the reference embedding"),
         "mean_hardness": float(np.nanmean(trace["hardness"])) if trace["hardness"] else None,
         "mean_false_negative_rate": (float(np.nanmean(trace["false_negative_rate"]))
                                      if trace["false_negative_rate"] else None),
+        "reference_diagnostics": runs.reference_summary(
+            trace, "readout of the untrained encoder (the seed's initial weights, before any "
+                   "step), centred: the same for every sampler and loss of this seed",
+            NEAR_DUPLICATE),
         "env": runs.env_record(),
     }
     runs.write_json_atomic(path, record)

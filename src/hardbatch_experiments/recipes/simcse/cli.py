@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from hardbatch.cli_types import temperature
 from hardbatch.integrations.sentence_transformers_sampler import DEFAULT_SAMPLER
 from hardbatch.registry import parse_names
 
@@ -42,7 +43,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "wiki100000_minilm.npy; default: encode once and cache")
     p.add_argument("--batch-size", type=int, default=TAG_DEFAULTS["batch_size"])
     p.add_argument("--lr", type=float, default=TAG_DEFAULTS["lr"])
-    p.add_argument("--temperature", type=float, default=TAG_DEFAULTS["temperature"])
+    p.add_argument("--temperature", type=temperature, default=TAG_DEFAULTS["temperature"])
     p.add_argument("--max-seq-length", type=int, default=TAG_DEFAULTS["max_seq_length"],
                    help="token limit during training (SimCSE: 32); evaluation uses the model's")
     p.add_argument("--tau-plus", type=float, default=TAG_DEFAULTS["tau_plus"], help="dcl / hcl")
@@ -122,31 +123,40 @@ def run_simcse(args) -> int:
     total = len(samplers) * len(losses) * len(seeds)
     print(f"[simcse] {total - len(todo)}/{total} runs done, {len(todo)} to run ({tag}) -> {out}",
           flush=True)
+    tally = runs.GridTally(skipped=total - len(todo))
     if args.dry_run or not todo:
+        print(tally.summary("[simcse]"), flush=True)
         return 0
     texts = read_sentences(args.data_dir, args.num_sentences)
     if args.plan_only:
-        for s, seed in dict.fromkeys((s, seed) for s, _, seed in todo):
+        plans = list(dict.fromkeys((s, seed) for s, _, seed in todo))
+        tally = runs.GridTally()
+        for k, (s, seed) in enumerate(plans, 1):
             path = runs.result_path(out, "simcse-plan", s, seed=seed, tag=tag)
             if not args.force and runs.finished(path, key="plan_diagnostics"):
+                tally.skipped += 1
                 continue
+            print(f"[simcse] [{k}/{len(plans)}] plan {s} seed {seed} ...", flush=True)
+            tally.ran += 1
             d = plan_one(args, s, seed, path, texts,
                          _command(args, s, losses[0], seed) + " --plan-only")["plan_diagnostics"]
             print(f"[simcse] plan {s} seed {seed}: hardness {d['mean_hardness']:.3f} "
                   f"pairs above 0.5/0.7/0.9: {d['mean_pairs_above']['0.5']:.4f} / "
                   f"{d['mean_pairs_above']['0.7']:.4f} / {d['mean_pairs_above']['0.9']:.5f}",
                   flush=True)
+        print(tally.summary("[simcse]"), flush=True)
         return 0
     sts_dir = args.sts_dir
     if sts_dir is None and args.data_dir is not None:
         sts_dir = str(Path(args.data_dir) / "sts")
     sts_sets = load_sts(sts_dir, limit=args.sts_limit)
-    failures = runs.run_grid(
+    tally += runs.run_grid(
         todo, lambda s, l, seed: result_path(out, s, l, seed, tag),
         lambda s, l, seed, path: run_one(args, s, l, seed, path, texts, sts_sets,
                                          _command(args, s, l, seed)),
         _summary, key="avg", force=args.force, prefix="[simcse]")
-    return 1 if failures else 0
+    print(tally.summary("[simcse]"), flush=True)
+    return tally.exit_code
 
 
 def _summary(sampler: str, loss: str, seed: int, rec: dict) -> str:

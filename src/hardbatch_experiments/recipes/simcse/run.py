@@ -180,6 +180,7 @@ def run_one(args, sampler_name: str, loss_name: str, seed: int, path: Path, text
         "sts_detail": sts,
         "diagnostics": {k: v for k, v in diag.items() if k != "per_batch"},
         "diagnostics_per_batch": diag["per_batch"],
+        "reference_diagnostics": _reference(diag, emb_origin),
         "steps": int(out.global_step), "train_loss": float(out.training_loss),
         # DCL / HCL: share of the first batch's rows on the debiasing floor (loss ~0 there).
         "debias_floor_fraction": getattr(getattr(loss, "loss", None), "floor_fraction", None),
@@ -193,6 +194,16 @@ def run_one(args, sampler_name: str, loss_name: str, seed: int, path: Path, text
     }
     runs.write_json_atomic(path, record)
     return record
+
+
+def _reference(diag: dict, origin: str) -> dict:
+    """The run's ``reference_diagnostics``: its batches are scored in the starting model's
+    embeddings (``diagnostics``), one coordinate system for every sampler, loss and seed."""
+    return {"embedding": f"the starting model's unit embeddings of the training sentences "
+                         f"({origin}): the same for every run",
+            "mean_hardness": diag["mean_hardness"],
+            "mean_near_duplicate_rate": diag["mean_near_duplicate_rate"],
+            "near_duplicate_threshold": diag["near_duplicate_threshold"]}
 
 
 def plan_one(args, sampler_name: str, seed: int, path: Path, texts: list[str],
@@ -228,6 +239,7 @@ def plan_one(args, sampler_name: str, seed: int, path: Path, texts: list[str],
               "batch_size": args.batch_size, "sampler_options": options,
               "start_embeddings": origin,
               "plan_diagnostics": {k: v for k, v in diag.items() if k != "per_batch"},
+              "reference_diagnostics": _reference(diag, origin),
               "wall_time_s": time.perf_counter() - t0, "command": command,
               "env": runs.env_record()}
     runs.write_json_atomic(path, record)

@@ -1,5 +1,12 @@
-"""GraphCL's augmentations on a collated batch of graphs: the paper's (:func:`augment`) and the
-released ``unsupervised_TU`` code's (:func:`augment_released`, :func:`released_self_loops`).
+"""GraphCL's graph augmentations (You et al., NeurIPS 2020) on a collated batch of graphs: the
+paper's (:func:`augment`, :func:`augment_batch` for a PyG ``Batch``) and the released
+``unsupervised_TU`` code's (:func:`augment_released`, :func:`released_self_loops`).
+
+They act on plain tensors (node features ``x [n, F]``, ``edge_index [2, E]`` with both
+directions of every undirected edge, the node-to-graph vector ``batch [n]``), one compiled pass
+over the whole batch; every random choice comes from the given generator, so the same seed
+gives the same views on any machine. torch_geometric is needed only by :func:`augment_batch`
+(imported there). The GraphCL recipe (``hardbatch bench graphcl``) trains with these functions.
 """
 
 from __future__ import annotations
@@ -9,12 +16,15 @@ import torch
 from numba import njit
 from torch import Tensor
 
-from hardbatch._rng import rand_below
+from .._rng import rand_below
 
-__all__ = ["AUGS", "augment", "augment_released", "released_self_loops"]
+__all__ = ["AUGMENTATIONS", "AUGS", "augment", "augment_batch", "augment_released",
+           "released_self_loops"]
 
-#: The four augmentations, in the order of ``augment``'s ``choice`` codes.
-AUGS = ("dnodes", "pedges", "mask_nodes", "subgraph")
+#: The four augmentations, in the order of ``augment``'s ``choice`` codes: node dropping, edge
+#: perturbation, attribute masking, subgraph.
+AUGMENTATIONS = ("dnodes", "pedges", "mask_nodes", "subgraph")
+AUGS = AUGMENTATIONS  # the recipe's short name
 
 
 @njit(cache=True)
@@ -278,3 +288,42 @@ def augment_released(x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: i
     eo = (torch.from_numpy(np.concatenate(kept_edges, axis=1)) if kept_edges
           else torch.zeros(2, 0, dtype=torch.int64))
     return anchor, x_aug[keep_t], new_id[eo], batch[keep_t], {"choice": torch.from_numpy(choice)}
+
+
+def augment_batch(batch, ratio: float = 0.2, generator: torch.Generator | None = None,
+                  augmentations: tuple[str, ...] = AUGMENTATIONS):
+    """One GraphCL view of a PyG ``Batch``: :func:`augment` of its nodes and edges, graph-level
+    attributes (``y``, ``item_id`` of :class:`~hardbatch.integrations.pyg.IndexedGraphDataset`,
+    ...) kept as they are, so ``model(augment_batch(batch))`` returns one row per graph in
+    the batch's order.
+
+    Args:
+        batch: a ``torch_geometric.data.Batch`` with ``x``, ``edge_index`` (undirected: both
+            directions) and ``batch``.
+        ratio: share of nodes / edges each augmentation changes (GraphCL: 0.2).
+        generator: drives every random choice (default: a generator seeded from torch's
+            global one, so ``torch.manual_seed`` makes views reproducible).
+        augmentations: the augmentations to draw from, one per graph.
+    """
+    from torch_geometric.data import Batch
+
+    if generator is None:
+        generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))
+    if batch.x is None:
+        raise ValueError("augment_batch needs node features batch.x (e.g. one-hot node labels or "
+                         "a constant 1 per node)")
+    g = int(batch.num_graphs)
+    x, edge_index, node_graph, _ = augment(batch.x, batch.edge_index, batch.batch, g,
+                                           ratio, generator, augmentations)
+    out = Batch(x=x, edge_index=edge_index, batch=node_graph)
+    ptr = torch.zeros(g + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(node_graph, minlength=g), 0, out=ptr[1:])
+    out.ptr = ptr
+    for key in batch.keys():  # noqa: SIM118 - a PyG Batch: keys() lists its attributes
+        if key in ("x", "edge_index", "batch", "ptr", "edge_attr") or not torch.is_tensor(
+                batch[key]):
+            continue
+        if batch[key].shape[:1] == (g,):  # graph-level attributes (y, item_id)
+            out[key] = batch[key]
+    out._num_graphs = g
+    return out

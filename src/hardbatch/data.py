@@ -1,0 +1,131 @@
+"""Datasets whose items carry their index: what a loop over a hardbatch sampler needs.
+
+A hardbatch sampler hands the ``DataLoader`` item ids; the loop needs them back with the
+inputs, to feed the :class:`~hardbatch.EmbeddingBank` (``bank.update(idx, z1)``), so each item
+must be ``(index, view1, view2)``. :class:`IndexedDataset` wraps any map-style dataset so::
+
+    data = hb.IndexedDataset(dataset, transform=augment)      # items: (i, view1, view2)
+    loader = DataLoader(data, batch_sampler=sampler)
+    for batch in loader:
+        idx, x1, x2 = hb.indexed_batch(batch)                  # clear error if idx is missing
+        z1, z2 = model(x1), model(x2)
+        ...
+        bank.update(idx, z1.detach())
+
+:func:`indexed_batch` is the check a loop (and :class:`hardbatch.train.Trainer`) runs on a
+collated batch: the first entry must be the ``[B]`` integer ids, one per row of the views.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+__all__ = ["IndexedDataset", "indexed_batch", "looks_indexed"]
+
+
+class IndexedDataset(torch.utils.data.Dataset):
+    """``dataset`` with items ``(index, view_1, ..., view_views)``.
+
+    Args:
+        dataset: a map-style dataset; an item that is a tuple or list (``(x, label)``, as
+            torchvision datasets return) contributes its first entry, the input.
+        transform: ``transform(x) -> view``, called once per view (a random augmentation gives
+            two different views of the same input); None: every view is the input itself
+            (e.g. SimCSE, whose two views differ by dropout inside the model).
+        views: number of views per item (default 2; 1 gives ``(index, view)``).
+
+    ``item[0]`` is the int index, so the default collate turns a batch into an int64 ``[B]``
+    tensor of the sampler's ids, which ``bank.update`` takes as is.
+    """
+
+    def __init__(self, dataset, transform: Callable | None = None, views: int = 2) -> None:
+        if isinstance(views, bool) or not isinstance(views, numbers.Integral) or views < 1:
+            raise ValueError(f"views={views!r} must be a positive integer (2: a pair of views)")
+        if transform is not None and not callable(transform):
+            raise ValueError(f"transform must be callable (x -> view) or None, got "
+                             f"{type(transform).__name__}")
+        try:
+            len(dataset)
+        except TypeError as exc:
+            raise ValueError("dataset must be a map-style dataset (with __len__ and "
+                             "__getitem__), got an object without len()") from exc
+        self.dataset = dataset
+        self.transform = transform
+        self.views = int(views)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        x = self.dataset[i]
+        if isinstance(x, (tuple, list)):
+            x = x[0]
+        if self.transform is None:
+            return (int(i), *([x] * self.views))
+        return (int(i), *(self.transform(x) for _ in range(self.views)))
+
+
+def _is_index(value, position: int) -> bool:
+    if isinstance(value, Tensor):
+        return value.ndim == 0 and not value.is_floating_point() and int(value) == position
+    return (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            and int(value) == position)
+
+
+def looks_indexed(dataset) -> bool:
+    """True when ``dataset``'s items already start with their index: an
+    :class:`IndexedDataset`, or items 0 and 1 that are tuples starting with 0 and 1."""
+    if isinstance(dataset, IndexedDataset):
+        return True
+    try:
+        return len(dataset) >= 2 and all(
+            isinstance(item, (tuple, list)) and len(item) >= 2 and _is_index(item[0], k)
+            for k, item in ((k, dataset[k]) for k in range(2)))
+    except Exception:  # noqa: BLE001 - a dataset we cannot probe: not indexed
+        return False
+
+
+def _describe(value) -> str:
+    if isinstance(value, Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def indexed_batch(batch, ids=None) -> tuple[Tensor, ...]:
+    """Check and split a collated batch of indexed items: ``(idx, view_1, ...)``.
+
+    Args:
+        batch: what the ``DataLoader`` yields for a batch of :class:`IndexedDataset` items
+            (a tuple / list whose first entry is the ids).
+        ids: the ids the sampler handed out for this batch (a sequence or tensor), or None;
+            when given, the first entry must equal them.
+
+    Returns:
+        ``(idx, *views)`` with ``idx`` an int64 ``[B]`` tensor.
+
+    Raises:
+        ValueError: the first entry is not a 1-D integer tensor of one id per row of the
+            views: the dataset's items lack their index (wrap it in :class:`IndexedDataset`).
+    """
+    fix = ("the loader's items must start with their index, (index, view1, view2): wrap the "
+           "dataset as hardbatch.IndexedDataset(dataset, transform)")
+    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+        raise ValueError(f"a batch of {_describe(batch)} has no index entry; {fix}")
+    idx = batch[0]
+    if not isinstance(idx, Tensor) or idx.ndim != 1 or idx.is_floating_point() \
+            or idx.dtype == torch.bool:
+        raise ValueError(f"the batch's first entry is {_describe(idx)}, not the [B] integer "
+                         f"item ids; {fix}")
+    if ids is not None and not torch.equal(idx.long().cpu(), torch.as_tensor(ids).long()):
+        raise ValueError(f"the batch's first entry {idx.tolist()[:8]} is not the sampler's ids "
+                         f"{torch.as_tensor(ids).tolist()[:8]}; {fix}")
+    for k, view in enumerate(batch[1:], 1):
+        rows = view.shape[0] if isinstance(view, Tensor) and view.ndim else None
+        if rows is not None and rows != idx.numel():
+            raise ValueError(f"the batch's first entry holds {idx.numel()} ids but entry {k} "
+                             f"has {rows} rows; {fix}")
+    return (idx.long(), *batch[1:])

@@ -1,0 +1,458 @@
+"""Exact gradient caching (GradCache; Gao et al. 2021, "Scaling Deep Contrastive Learning Batch
+Size under Memory Limited Setup", Sec. 3).
+
+A contrastive loss ``L(z_1, z_2)`` couples the items of a batch only through their embeddings
+``z_v = f_v(x_v)`` (``[B, d]`` per view), so its parameter gradient splits over chunks of rows
+(paper eq. 4-6):
+
+    dL/dθ = sum_v sum_chunks c  (dL/dz_v[c])^T  dz_v[c]/dθ.
+
+The loss of a batch far larger than the encoder's activations fit in memory is therefore trained
+exactly in three steps, each a public function:
+
+1. :func:`embed_chunks`: every view in chunks of ``chunk_size`` rows without a graph, keeping the
+   RNG state before each chunk (CPU and the accelerators the chunk or the encoder live on, as
+   ``torch.utils.checkpoint`` does) and the autocast state;
+2. :func:`loss_gradients`: the loss of the whole batch on the detached embeddings, and its
+   gradient with respect to them (the cache, ``[B, d]`` per view); parameters of the loss itself
+   get their gradients here;
+3. :func:`backward_chunks`: every chunk again, with a graph, under its saved RNG state (so dropout
+   draws the same masks and the embeddings are the same), back-propagating its rows of the cache
+   (``backward(z_c, g_c)``: the gradient of the surrogate ``(z_c * g_c).sum()``).
+
+The parameter gradients are those of the plain backward of the same forward pass (the chunks
+computed with a graph, concatenated, the loss, ``backward()``); with ``chunk_size >= B``, or
+without randomness and batch statistics in the encoder, that is ``loss(f(x1), f(x2)).backward()``
+itself. :class:`GradCache` is the three steps for a pair of views. Memory: one chunk's
+activations, plus the ``[B, d]`` embeddings, their cache, and the loss of the whole batch (for
+InfoNCE the ``2B x 2B`` logits). Time: one more forward pass of the encoder.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import get_device_states, set_device_states
+
+from ._validation import check_int
+
+__all__ = ["ChunkedViews", "GradCache", "GradCacheOutput", "RandomState", "backward_chunks",
+           "batch_length", "embed_chunks", "loss_gradients", "slice_view", "warn_batch_norm"]
+
+# Values of a mapping that are not per-item data: passed unchanged to every chunk.
+_CONSTANTS = (str, bytes, int, float, bool, type(None))
+_VIEW_TYPES = ("a tensor [B, ...], a dict of tensors [B, ...] (tokenised text) or a list / "
+               "tuple of such")
+
+
+# --------------------------------------------------------------------------- views and chunks
+
+
+def batch_length(view: Any, name: str = "view") -> int:
+    """The batch size ``B`` of a view: a tensor ``[B, ...]``, a mapping of tensors ``[B, ...]``
+    (tokenised text; its str / number / bool / None values are options passed to every chunk),
+    or a list / tuple of such, nested. ``ValueError`` naming ``name`` for anything else, a 0-d
+    tensor, an empty view, or tensors of different lengths."""
+    lengths: dict[str, int] = {}
+
+    def visit(x: Any, path: str, in_mapping: bool) -> None:
+        if isinstance(x, Tensor):
+            if x.dim() == 0:
+                raise ValueError(f"{path} is a 0-d tensor; every tensor of {name} needs the "
+                                 "batch as dim 0")
+            lengths[path] = x.shape[0]
+        elif isinstance(x, Mapping):
+            for key, value in x.items():
+                visit(value, f"{path}[{key!r}]", True)
+        elif isinstance(x, (list, tuple)):
+            for i, value in enumerate(x):
+                visit(value, f"{path}[{i}]", False)
+        elif not (in_mapping and isinstance(x, _CONSTANTS)):
+            raise ValueError(f"{name} must be {_VIEW_TYPES}; got {type(x).__name__} at {path} "
+                             "(tokenise text and convert arrays with torch.as_tensor first)")
+
+    visit(view, name, False)
+    if not lengths:
+        raise ValueError(f"{name} holds no tensor; it must be {_VIEW_TYPES}")
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"every tensor of {name} must have the batch size as dim 0, got "
+                         f"lengths {lengths}")
+    length = next(iter(lengths.values()))
+    if length == 0:
+        raise ValueError(f"{name} is empty (batch size 0); pass at least one item")
+    return length
+
+
+def slice_view(view: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of every tensor of ``view`` (views of the same storage); mapping
+    constants unchanged. Mappings become dicts; lists, tuples and named tuples keep their type."""
+    if isinstance(view, Tensor):
+        return view[start:stop]
+    if isinstance(view, Mapping):
+        return {key: slice_view(value, start, stop) for key, value in view.items()}
+    if isinstance(view, (list, tuple)):
+        items = [slice_view(value, start, stop) for value in view]
+        return type(view)(*items) if hasattr(view, "_fields") else type(view)(items)
+    return view
+
+
+def _tensors(x: Any) -> list[Tensor]:
+    if isinstance(x, Tensor):
+        return [x]
+    values = x.values() if isinstance(x, Mapping) else x if isinstance(x, (list, tuple)) else ()
+    return [t for value in values for t in _tensors(value)]
+
+
+# --------------------------------------------------------------------------- RNG and autocast
+
+
+def _accelerator_probe(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """One tensor per accelerator device among ``tensors`` (CPU excluded)."""
+    seen: dict[torch.device, Tensor] = {}
+    for t in tensors:
+        if t.device.type not in ("cpu", "meta", "mps"):  # MPS: one generator, kept apart
+            seen.setdefault(t.device, t)
+    return list(seen.values())
+
+
+@dataclass(frozen=True)
+class RandomState:
+    """The CPU RNG state and the states of the accelerator devices of some tensors, taken at one
+    moment (``torch.utils.checkpoint.get_device_states``; the MPS generator apart, as
+    sentence-transformers' ``RandContext`` does); :meth:`restored` replays them inside
+    ``torch.random.fork_rng``, so the RNG outside is left as it was."""
+
+    cpu: Tensor
+    devices: tuple[int, ...]
+    device_states: tuple[Tensor, ...]
+    device_type: str | None
+    mps: Tensor | None = None
+
+    @classmethod
+    def capture(cls, tensors: Sequence[Tensor] = ()) -> RandomState:
+        probe = _accelerator_probe(tensors)
+        devices, states = get_device_states(*probe)
+        device_type = probe[0].device.type if probe else None
+        mps = (torch.mps.get_rng_state() if any(t.device.type == "mps" for t in tensors)
+               else None)
+        return cls(torch.get_rng_state(), tuple(devices), tuple(states), device_type, mps)
+
+    @contextmanager
+    def restored(self):
+        with torch.random.fork_rng(devices=list(self.devices), device_type=self.device_type):
+            torch.set_rng_state(self.cpu)
+            if self.devices:
+                set_device_states(list(self.devices), list(self.device_states),
+                                  device_type=self.device_type)
+            outside = None if self.mps is None else torch.mps.get_rng_state()
+            if self.mps is not None:
+                torch.mps.set_rng_state(self.mps)
+            try:
+                yield
+            finally:
+                if outside is not None:
+                    torch.mps.set_rng_state(outside)
+
+
+def _autocast_state(device_types: set[str]) -> tuple[tuple[str, torch.dtype], ...]:
+    """(device type, dtype) of every device type among ``device_types`` with autocast on."""
+    return tuple((t, torch.get_autocast_dtype(t)) for t in sorted(device_types)
+                 if torch.is_autocast_enabled(t))
+
+
+def _module_of(encoder: Callable) -> nn.Module | None:
+    return encoder if isinstance(encoder, nn.Module) else None
+
+
+def _parameter_probe(module: nn.Module | None) -> list[Tensor]:
+    return [] if module is None else _accelerator_probe(list(module.parameters()))
+
+
+# --------------------------------------------------------------------------- the three steps
+
+
+@dataclass
+class ChunkedViews:
+    """Step 1 of GradCache for ``n`` views: what step 3 needs to replay every chunk.
+
+    ``views[v]`` is view ``v`` and ``bounds[v]`` its chunks' row ranges (each chunk is sliced
+    afresh for every pass: encoders may write into their input dict, as sentence-transformers
+    models do), ``states[v]`` the RNG state before each chunk (None when not kept),
+    ``embeddings[v]`` the concatenated ``[B, ...]`` encoder outputs (no graph), ``autocast``
+    the autocast settings of the first pass, and ``modules[v]`` the ``nn.Module`` behind the encoder (or None): its
+    parameters' devices are in the RNG states, its batch-norm statistics are restored after the
+    replay, and when it is ``DistributedDataParallel`` its gradient all-reduce is deferred to its
+    last replayed chunk.
+    """
+
+    encoders: list[Callable]
+    views: list[Any]
+    bounds: list[list[tuple[int, int]]]
+    states: list[list[RandomState | None]]
+    embeddings: list[Tensor]
+    autocast: tuple[tuple[str, torch.dtype], ...]
+    modules: list[nn.Module | None]
+
+
+def embed_chunks(
+    encoders: Sequence[Callable],
+    views: Sequence[Any],
+    chunk_size: int,
+    *,
+    names: Sequence[str] | None = None,
+    keep_rng: bool = True,
+    modules: Sequence[nn.Module | None] | None = None,
+) -> ChunkedViews:
+    """Step 1: ``encoders[v](chunk)`` on rows ``[k*chunk_size, (k+1)*chunk_size)`` of every view,
+    under ``torch.no_grad``, in view order; the outputs are concatenated per view.
+
+    Args:
+        encoders: one callable per view, each returning a tensor ``[b, ...]`` for a chunk of
+            ``b`` items (the same object may serve several views).
+        views: the inputs, see :func:`batch_length`; all views must have the same ``B``.
+        chunk_size: rows per chunk, ``>= 1`` (the last chunk may be shorter).
+        names: the views' names in error messages (default ``view1``, ``view2``, ...).
+        keep_rng: capture each chunk's RNG state (needed by step 3 for dropout; off for a pass
+            that is never replayed, e.g. evaluation).
+        modules: per view the ``nn.Module`` behind its encoder, possibly
+            ``DistributedDataParallel`` (default: the encoder itself when it is a module); pass
+            it when the encoder is a function calling the module.
+    """
+    chunk_size = check_int(chunk_size, "chunk_size", low=1)
+    names = list(names) if names is not None else [f"view{i + 1}" for i in range(len(views))]
+    lengths = [batch_length(view, name) for view, name in zip(views, names)]
+    if len(set(lengths)) > 1:
+        got = ", ".join(f"{name} has {n}" for name, n in zip(names, lengths))
+        raise ValueError(f"the views must have the same batch size (row i of every view is one "
+                         f"item); got {got} items")
+    modules = [_module_of(e) for e in encoders] if modules is None else list(modules)
+    for module in modules:
+        if isinstance(module, DistributedDataParallel) and module.static_graph:
+            raise ValueError("GradCache runs one backward pass per chunk; "
+                             "DistributedDataParallel(static_graph=True) expects one per step: "
+                             "build the DDP module with static_graph=False")
+    probes = [_parameter_probe(m) for m in modules]
+    out = ChunkedViews(list(encoders), [], [], [], [], (), modules)
+    device_types = {"cpu"}
+    with torch.no_grad():
+        for encoder, view, name, length, probe in zip(encoders, views, names, lengths, probes):
+            bounds = [(s, min(s + chunk_size, length)) for s in range(0, length, chunk_size)]
+            states, outputs = [], []
+            for s, e in bounds:
+                chunk = slice_view(view, s, e)
+                tensors = _tensors(chunk) + probe
+                device_types.update(t.device.type for t in tensors)
+                states.append(RandomState.capture(tensors) if keep_rng else None)
+                outputs.append(_checked_output(encoder(chunk), e - s, name))
+            out.views.append(view)
+            out.bounds.append(bounds)
+            out.states.append(states)
+            out.embeddings.append(torch.cat(outputs) if len(outputs) > 1 else outputs[0])
+    out.autocast = _autocast_state(device_types)
+    return out
+
+
+def _checked_output(z: Any, rows: int, name: str) -> Tensor:
+    if not isinstance(z, Tensor) or z.dim() == 0 or z.shape[0] != rows:
+        got = tuple(z.shape) if isinstance(z, Tensor) else type(z).__name__
+        raise ValueError(f"encoder must return a tensor [b, d] with one row per item of its "
+                         f"input; for a chunk of {rows} items of {name} it returned {got} (wrap "
+                         "an encoder that returns a dict, e.g. lambda x: model(x)['embedding'])")
+    return z
+
+
+def loss_gradients(
+    loss_fn: Callable[[list[Tensor]], Tensor],
+    embeddings: Sequence[Tensor],
+    *,
+    scale: Callable[[Tensor], Tensor] | None = None,
+) -> tuple[Tensor, list[Tensor | None]]:
+    """Step 2: ``loss = loss_fn(leaves)`` on detached copies of the ``[B, ...]`` embeddings,
+    ``backward()`` (through ``scale(loss)`` if given, e.g. ``GradScaler.scale``), and the leaves'
+    gradients (None for an embedding the loss did not use). Parameters of the loss and tensors
+    it gets otherwise (``negatives`` that require grad) accumulate their gradients as in a plain
+    backward. Returns the detached (unscaled) loss and the gradients."""
+    leaves = [z.detach().requires_grad_() for z in embeddings]
+    with torch.enable_grad():
+        loss = loss_fn(leaves)
+        if not isinstance(loss, Tensor) or loss.numel() != 1:
+            got = tuple(loss.shape) if isinstance(loss, Tensor) else type(loss).__name__
+            raise ValueError(f"loss must return a scalar tensor, got {got}; use "
+                             "reduction='mean' or 'sum'")
+        if loss.requires_grad:
+            (loss if scale is None else scale(loss)).backward()
+    return loss.detach().reshape(()), [leaf.grad for leaf in leaves]
+
+
+@contextmanager
+def _autocast(state: tuple[tuple[str, torch.dtype], ...]):
+    with ExitStack() as stack:
+        for device_type, dtype in state:
+            stack.enter_context(torch.autocast(device_type, dtype=dtype))
+        yield
+
+
+def _running_stat_buffers(modules: Sequence[nn.Module | None]) -> list[Tensor]:
+    """Buffers of modules that update running statistics in training mode (batch norm)."""
+    out, seen = [], set()
+    for module in modules:
+        for m in () if module is None else module.modules():
+            if id(m) not in seen and m.training and getattr(m, "track_running_stats", False):
+                seen.add(id(m))
+                out += list(m.buffers(recurse=False))
+    return out
+
+
+def backward_chunks(
+    chunked: ChunkedViews,
+    grads: Sequence[Tensor | None],
+    grad_output: Tensor | float | None = None,
+) -> None:
+    """Step 3: re-run every chunk with a graph, under its RNG state and the first pass's
+    autocast, and back-propagate ``grad_output * grads[v][rows]`` (``grads`` from
+    :func:`loss_gradients`; a view whose gradient is None is skipped). Each chunk's graph is
+    freed before the next chunk runs.
+
+    Under ``DistributedDataParallel`` every chunk but the last one of each DDP module runs in
+    ``no_sync()``, so gradients are all-reduced once, after all chunks have accumulated. Running
+    statistics of batch-norm modules are restored after the replay, so that they are updated
+    once per step (by step 1), not twice.
+    """
+    jobs = [(v, k) for v in range(len(chunked.views)) if grads[v] is not None
+            for k in range(len(chunked.bounds[v]))]
+    ddp = [m if isinstance(m, DistributedDataParallel) else None for m in chunked.modules]
+    last = {id(ddp[v]): (v, k) for v, k in jobs if ddp[v] is not None}
+    buffers = _running_stat_buffers(chunked.modules)
+    saved = [b.clone() for b in buffers]
+    with torch.enable_grad(), _autocast(chunked.autocast):
+        for v, k in jobs:
+            module = ddp[v]
+            sync = module is None or last[id(module)] == (v, k)
+            state = chunked.states[v][k]
+            with (nullcontext() if sync else module.no_sync()), \
+                    (nullcontext() if state is None else state.restored()):
+                s, e = chunked.bounds[v][k]
+                z = chunked.encoders[v](slice_view(chunked.views[v], s, e))
+                if not isinstance(z, Tensor) or z.shape != chunked.embeddings[v][s:e].shape:
+                    raise ValueError("encoder returned a different shape when a chunk was run "
+                                     "again; it must be a function of its input and the RNG")
+                if not z.requires_grad:
+                    continue  # a frozen encoder: nothing to back-propagate
+                g = grads[v][s:e]
+                if grad_output is not None:
+                    g = g * grad_output
+                torch.autograd.backward(z, g.to(z.dtype))
+    with torch.no_grad():
+        for buffer, value in zip(buffers, saved):
+            buffer.copy_(value)
+
+
+# --------------------------------------------------------------------------- the class
+
+_WARNED_BATCH_NORM: set[int] = set()
+# (LazyBatchNorm* become these on their first forward pass)
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+def warn_batch_norm(chunked: ChunkedViews) -> None:
+    """Warn once per module when chunking changes what its batch norm sees (per-chunk
+    statistics instead of the whole batch's)."""
+    if max(map(len, chunked.bounds)) < 2:
+        return
+    for module in chunked.modules:
+        if module is None or id(module) in _WARNED_BATCH_NORM:
+            continue
+        if any(isinstance(m, _BATCH_NORMS) and m.training for m in module.modules()):
+            _WARNED_BATCH_NORM.add(id(module))
+            warnings.warn(
+                f"GradCache: {type(module).__name__} has batch norm in training mode; it "
+                "normalises each chunk with the chunk's statistics, so the gradients are those "
+                "of a forward pass in chunks, not of one forward pass on the whole batch. Use "
+                "chunk_size >= batch size, LayerNorm, or batch norm in eval mode for the latter.",
+                UserWarning, stacklevel=3)
+
+
+class GradCacheOutput(NamedTuple):
+    """What :class:`GradCache` returns with ``return_embeddings=True``: the detached loss and the
+    detached ``[B, d]`` embeddings of the two views (e.g. for ``EmbeddingBank.update``)."""
+
+    loss: Tensor
+    embeddings1: Tensor
+    embeddings2: Tensor
+
+
+class GradCache:
+    """``gc(view1, view2, **loss_kwargs)``: the gradients of ``loss(encoder(view1),
+    encoder(view2), **loss_kwargs).backward()`` with the encoder's activations of only
+    ``chunk_size`` items in memory at a time (GradCache, Gao et al. 2021; see the module
+    docstring for the three steps). Returns the loss value, detached.
+
+    Args:
+        encoder: a callable (an ``nn.Module``, possibly ``DistributedDataParallel``) mapping a
+            chunk of a view to embeddings ``[b, d]``, used for both views; or a pair
+            ``(encoder1, encoder2)``, one per view (CLIP-style dual encoders).
+        loss: ``loss(z1, z2, **loss_kwargs) -> scalar``: any hardbatch loss module
+            (``InfoNCE``, ``DebiasedInfoNCE``, ``HardNegativeInfoNCE``, ``SSCLLoss``, also with
+            ``gather=True``: it is called once, on the local batch) or a functional form
+            (``functools.partial(hb.info_nce, temperature=0.1)``).
+        chunk_size: items per encoder pass, ``>= 1``; the peak activation memory is that of
+            ``chunk_size`` items, whatever the batch size.
+        return_embeddings: return a :class:`GradCacheOutput` ``(loss, z1, z2)`` instead of the
+            loss alone.
+        scaler: a ``torch.amp.GradScaler`` for fp16: the gradients are those of
+            ``scaler.scale(loss).backward()``; call ``scaler.step(optimizer)`` as usual.
+
+    Views are tensors ``[B, ...]``, dicts of tensors ``[B, ...]`` (tokenised text) or lists /
+    tuples of such; every tensor is cut along dim 0 and the encoder gets the chunk in the same
+    structure. ``loss_kwargs`` (``labels``, ``negatives``, ...) go to the loss unchanged. Call it
+    inside ``torch.autocast`` for mixed precision. Dropout is replayed exactly (the RNG state of
+    each chunk is restored; the RNG afterwards is where the plain step leaves it); batch norm in
+    training mode sees per-chunk statistics (warned once).
+    """
+
+    def __init__(
+        self,
+        encoder: Callable | tuple[Callable, Callable],
+        loss: Callable[..., Tensor],
+        chunk_size: int,
+        *,
+        return_embeddings: bool = False,
+        scaler: Any | None = None,
+    ) -> None:
+        encoders = list(encoder) if isinstance(encoder, (tuple, list)) else [encoder, encoder]
+        if len(encoders) != 2 or not all(callable(e) for e in encoders):
+            raise ValueError("encoder must be a callable (one encoder for both views) or a pair "
+                             f"(encoder1, encoder2) of callables, got {encoder!r}")
+        if not callable(loss):
+            raise ValueError(  # noqa: TRY004 - the package contract: ValueError naming it
+                f"loss must be a callable loss(z1, z2, **kwargs), got {loss!r}")
+        if scaler is not None and not callable(getattr(scaler, "scale", None)):
+            raise ValueError(f"scaler must be a torch.amp.GradScaler (or None), got {scaler!r}")
+        self.encoders = encoders
+        self.loss = loss
+        self.chunk_size = check_int(chunk_size, "chunk_size", low=1)
+        self.return_embeddings = bool(return_embeddings)
+        self.scaler = scaler
+
+    def __call__(self, view1: Any, view2: Any, **loss_kwargs: Any) -> Tensor | GradCacheOutput:
+        chunked = embed_chunks(self.encoders, [view1, view2], self.chunk_size)
+        warn_batch_norm(chunked)
+        loss, grads = loss_gradients(
+            lambda z: self.loss(z[0], z[1], **loss_kwargs), chunked.embeddings,
+            scale=None if self.scaler is None else self.scaler.scale)
+        backward_chunks(chunked, grads)
+        if self.return_embeddings:
+            return GradCacheOutput(loss, *chunked.embeddings)
+        return loss
+
+    def __repr__(self) -> str:
+        enc = (type(self.encoders[0]).__name__ if self.encoders[0] is self.encoders[1] else
+               f"({type(self.encoders[0]).__name__}, {type(self.encoders[1]).__name__})")
+        return f"GradCache(encoder={enc}, loss={self.loss!r}, chunk_size={self.chunk_size})"

@@ -1,0 +1,276 @@
+"""Internal: the inputs of one loss call, checked, cast, normalised and (``gather=True``) gathered.
+
+Not public API (the losses are :mod:`hardbatch.losses`). :func:`prepare_batch` turns the
+arguments of a loss into a :class:`PairBatch`: this rank's anchors and positives, the candidates
+(the same tensors, or with ``gather=True`` every rank's, all-gathered with gradient), the extra
+negatives, and the item-level mask of what is not a negative (labels, ``false_negatives`` and
+each anchor's own item).
+
+``gather=True`` under an initialised process group of W > 1 ranks:
+
+1. every rank checks its own inputs, then one fixed-size collective
+   (:func:`hardbatch.distributed.all_gather_ints`) exchanges every rank's shapes, dtypes and
+   errors, and every rank runs the same checks on them, so bad input (a rank's error, different
+   embedding dims) raises a ``ValueError`` on every rank instead of hanging in a later gather;
+2. ``[anchor | positive]`` and the negatives are gathered with gradient
+   (:func:`hardbatch.distributed.all_gather_rows_with_grad`), labels without; ranks may hold
+   different batch sizes (even 0), the global batch is their concatenation in rank order;
+3. ``false_negatives`` is not gathered: it must already be ``[b, B_global]``, this rank's
+   anchors against the global batch's items (:func:`hardbatch.guided_mask` with
+   ``gather=True`` builds it).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._validation import (
+    check_false_negatives,
+    check_pair_count,
+    check_pair_inputs,
+)
+from ..distributed import all_gather_ints, all_gather_rows, all_gather_rows_with_grad
+
+_warned_no_group = False
+
+
+@dataclass
+class PairBatch:
+    """The checked inputs of one loss call (``b`` local pairs, ``B`` global items, ``B = b``
+    without gather)."""
+
+    anchor: Tensor  # [b, d], compute dtype, normalised if asked
+    positive: Tensor  # [b, d]
+    all_anchor: Tensor  # [B, d]: the global batch's anchors (``anchor`` itself without gather)
+    all_positive: Tensor  # [B, d]
+    bank: Tensor | None  # [m, d] extra negatives (every rank's with gather), None if none
+    excluded: Tensor | None  # [b, B] bool: item j is not a negative of anchor i (own item True)
+    offset: int = 0  # global index of this rank's first item
+    world: int = 1  # ranks gathered over (1: no gather)
+
+    @property
+    def total(self) -> int:
+        """``B``, the number of items of the (global) batch."""
+        return self.all_anchor.shape[0]
+
+
+class SaturatingCast(torch.autograd.Function):
+    """``x.to(dtype)`` whose backward casts the gradient back to ``x``'s (half) dtype saturated at
+    its largest finite value: the true gradient of a row of tiny norm (``1 / |x|``) can exceed
+    fp16's 65504, which would otherwise arrive as ``inf``."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, dtype: torch.dtype) -> Tensor:
+        ctx.in_dtype = x.dtype
+        return x.to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        big = torch.finfo(ctx.in_dtype).max
+        return grad.clamp(-big, big).to(ctx.in_dtype), None
+
+
+def compute_dtype(*xs: Tensor) -> torch.dtype:
+    """The promoted dtype of ``xs``; half precision computes in float32."""
+    dtype = xs[0].dtype
+    for x in xs[1:]:
+        dtype = torch.promote_types(dtype, x.dtype)
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def to_compute(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` in ``dtype``; half inputs through :class:`SaturatingCast`."""
+    if x.dtype == dtype:
+        return x
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return SaturatingCast.apply(x, dtype)
+    return x.to(dtype)
+
+
+def normalize_rows(x: Tensor) -> Tensor:
+    """``F.normalize(x, dim=1)``, scale-safe, with a zero gradient at an all-zero row.
+
+    On the CPU, when every row's norm is finite and non-zero, exactly ``F.normalize``'s
+    operations. Otherwise (and on other devices, to avoid a sync) every row whose largest entry
+    is >= 1 is first divided by the power of two that brings it into ``[0.5, 1)``: its squared
+    norm cannot overflow (float32 rows above ~1e19 became zero), and since the division is exact,
+    values and gradients equal ``F.normalize``'s bit for bit otherwise. An all-zero row is
+    multiplied by 0, so it stays zero with a zero gradient (``F.normalize`` gives it
+    ``1 / eps = 1e12``, ``inf`` once cast back to fp16). A row of norm below 1e-12 is divided by
+    1e-12, as by ``F.normalize``.
+    """
+    if x.device.type == "cpu" and x.shape[0]:
+        norm = x.norm(2, 1, keepdim=True)  # F.normalize's own steps, when nothing is special
+        low, high = torch.aminmax(norm.detach())
+        if float(low) > 0 and float(high) < math.inf:
+            return x / norm.clamp_min(1e-12).expand_as(x)
+    amax = x.detach().abs().amax(dim=1)
+    _, exponent = torch.frexp(amax)
+    scale = torch.ldexp(torch.ones_like(amax), -exponent.clamp(min=0))
+    scale = torch.where(amax > 0, scale, torch.zeros_like(scale))
+    return F.normalize(x * scale[:, None], dim=1)
+
+
+def _prepare(x: Tensor, dtype: torch.dtype, normalize: bool) -> Tensor:
+    x = to_compute(x, dtype)
+    return normalize_rows(x) if normalize else x
+
+
+def excluded_items(row_labels: Tensor | None, col_labels: Tensor | None,
+                   false_negatives: Tensor | None, offset: int, device) -> Tensor | None:
+    """Item-level ``[b, B]`` mask of the candidates that are not negatives of each anchor.
+
+    Same label as the anchor, or True in ``false_negatives``, and the anchor's own item (column
+    ``offset + i``, whose positive view is the positive). None when only the own item is.
+    """
+    excluded = None
+    if row_labels is not None:
+        row_labels, col_labels = row_labels.to(device), col_labels.to(device)
+        excluded = row_labels[:, None] == col_labels[None, :]  # own item included
+    if false_negatives is not None:
+        fn = false_negatives.to(device)
+        excluded = fn.clone() if excluded is None else excluded | fn
+        own = torch.arange(fn.shape[0], device=device)
+        excluded[own, offset + own] = True
+    return excluded
+
+
+def prepare_batch(
+    anchor: Tensor, positive: Tensor, *, labels: Tensor | None, negatives: Tensor | None,
+    false_negatives: Tensor | None, normalize: bool, check_finite: bool, gather: bool,
+    group=None,
+) -> PairBatch:
+    """Check, cast (half -> float32), normalise and, with ``gather``, all-gather the inputs."""
+    if gather and _gather_world(group) > 1:
+        return _gathered_batch(anchor, positive, labels, negatives, false_negatives, normalize,
+                               check_finite, group)
+    check_pair_inputs(anchor, positive, labels, negatives, check_finite)
+    b = anchor.shape[0]
+    if false_negatives is not None:
+        check_false_negatives(false_negatives, b, b)
+    dtype = compute_dtype(anchor, positive)
+    za, zp = _prepare(anchor, dtype, normalize), _prepare(positive, dtype, normalize)
+    bank = None
+    if negatives is not None and negatives.shape[0] > 0:
+        bank = _prepare(negatives, dtype, normalize)
+    excluded = excluded_items(labels, labels, false_negatives, 0, za.device)
+    return PairBatch(za, zp, za, zp, bank, excluded)
+
+
+def _gather_world(group) -> int:
+    """World size to gather over; warns once (and returns 1) without a process group."""
+    global _warned_no_group
+    if not (dist.is_available() and dist.is_initialized()):
+        if not _warned_no_group:
+            _warned_no_group = True
+            warnings.warn(
+                "gather=True: torch.distributed is not initialised, so there is nothing to gather; "
+                "the loss uses this process's batch only (launch with torchrun and call "
+                "torch.distributed.init_process_group to gather negatives across ranks; warned "
+                "once)", UserWarning, stacklevel=5)
+        return 1
+    return dist.get_world_size(group)
+
+
+_DTYPE_CODE = {torch.float32: 32, torch.float64: 64}
+_LABEL_NONE, _LABEL_INT, _LABEL_FLOAT = 0, 1, 2
+
+
+def _local_info(anchor, positive, labels, negatives, false_negatives,
+                check_finite) -> tuple[list[int], ValueError | None]:
+    """This rank's ``[error, b, d, m, dtype, labels, fn_rows, fn_cols, grad_z, grad_bank]`` and
+    its local checks' error, re-raised after the exchange so that no rank waits alone."""
+    ok = isinstance(anchor, Tensor) and anchor.dim() == 2
+    b, d = (anchor.shape[0], anchor.shape[1]) if ok else (0, 0)
+    m = negatives.shape[0] if isinstance(negatives, Tensor) and negatives.dim() else -1
+    lab = _LABEL_NONE if labels is None else (
+        _LABEL_FLOAT if isinstance(labels, Tensor) and labels.is_floating_point() else _LABEL_INT)
+    fn = false_negatives
+    fn_2d = isinstance(fn, Tensor) and fn.dim() == 2
+    fn_shape = list(fn.shape) if fn_2d else [-1, -1]
+    try:
+        check_pair_inputs(anchor, positive, labels, negatives, check_finite,
+                          check_batch_size=False)
+        if fn is not None:
+            check_false_negatives(fn, b, fn.shape[1] if fn_2d else "B_global", gathered=True)
+    except ValueError as exc:
+        return [1, b, d, m, 0, lab, *fn_shape, 0, 0], exc
+    grad = torch.is_grad_enabled()
+    dtype = _DTYPE_CODE.get(compute_dtype(anchor, positive), 0)
+    grad_z = int(grad and (anchor.requires_grad or positive.requires_grad))
+    grad_bank = int(grad and m > 0 and negatives.requires_grad)
+    return [0, b, d, m, dtype, lab, *fn_shape, grad_z, grad_bank], None
+
+
+def _check_ranks(infos: list[list[int]], error: ValueError | None) -> None:
+    """The same checks on every rank, from every rank's :func:`_local_info`."""
+    bad = [r for r, info in enumerate(infos) if info[0]]
+    if error is not None:
+        raise error
+    if bad:
+        raise ValueError(
+            f"gather=True: the loss inputs of rank(s) {bad} were rejected (see the error raised "
+            "there); every rank raises, so that none waits in the gather")
+    shapes = ", ".join(f"rank {r}: [{i[1]}, {i[2]}]" for r, i in enumerate(infos))
+    if len({i[2] for i in infos}) > 1:
+        raise ValueError(
+            f"gather=True needs the same embedding dim on every rank, got anchor / positive "
+            f"shapes {shapes}; every rank must use the same encoder output size")
+    dtypes = {i[4] for i in infos}
+    if len(dtypes) > 1 or 0 in dtypes:
+        names = ", ".join(f"rank {r}: float{i[4]}" for r, i in enumerate(infos))
+        raise ValueError(f"gather=True needs the same compute dtype on every rank (half "
+                         f"precision counts as float32), got {names}; cast the embeddings")
+    kinds = {i[5] for i in infos}
+    if len(kinds) > 1:
+        raise ValueError(
+            "gather=True: labels must be given on every rank or on none, and be integer on all "
+            f"or float on all, got (0 none, 1 integer, 2 float) {[i[5] for i in infos]}")
+    total, extra = sum(i[1] for i in infos), sum(max(i[3], 0) for i in infos)
+    wrong = [(r, i[6], i[7]) for r, i in enumerate(infos) if i[6] >= 0 and i[7] != total]
+    if wrong:
+        got = ", ".join(f"rank {r}: [{rows}, {cols}]" for r, rows, cols in wrong)
+        raise ValueError(
+            f"gather=True: false_negatives must be [b, {total}] on every rank (its anchors x the "
+            f"global batch's {total} items, in rank order; batch shapes {shapes}), got {got}; "
+            "build it with hardbatch.guided_mask(..., gather=True)")
+    check_pair_count(total, extra, "global ")
+
+
+def _with_grad(x: Tensor, needed: bool) -> Tensor:
+    """``x`` as a leaf that requires grad when another rank's copy does (``needed``): the gather's
+    backward is a collective, so every rank must run it."""
+    return x.detach().requires_grad_() if needed and not x.requires_grad else x
+
+
+def _gathered_batch(anchor, positive, labels, negatives, false_negatives, normalize,
+                    check_finite, group) -> PairBatch:
+    info, error = _local_info(anchor, positive, labels, negatives, false_negatives, check_finite)
+    infos = all_gather_ints(info, group)
+    _check_ranks(infos, error)
+    rank, world = dist.get_rank(group), len(infos)
+    counts = [i[1] for i in infos]
+    offset, d = sum(counts[:rank]), info[2]
+    dtype = compute_dtype(anchor, positive)
+    za, zp = _prepare(anchor, dtype, normalize), _prepare(positive, dtype, normalize)
+    both = _with_grad(torch.cat([za, zp], dim=1), any(i[8] for i in infos))
+    both = all_gather_rows_with_grad(both, group, counts)
+    bank = None
+    if any(i[3] > 0 for i in infos):
+        mine = negatives if negatives is not None else anchor.new_zeros(0, d)
+        mine = _with_grad(_prepare(mine, dtype, normalize), any(i[9] for i in infos))
+        bank = all_gather_rows_with_grad(mine, group, [max(i[3], 0) for i in infos])
+    all_labels = None
+    if labels is not None:
+        kind = torch.float64 if labels.is_floating_point() else torch.int64
+        all_labels = all_gather_rows(labels.to(kind), group, counts)
+        labels = labels.to(kind)
+    excluded = excluded_items(labels, all_labels, false_negatives, offset, za.device)
+    return PairBatch(za, zp, both[:, :d], both[:, d:], bank, excluded, offset, world)

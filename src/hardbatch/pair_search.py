@@ -1,0 +1,276 @@
+"""GCBS step 2: the pairs above a similarity threshold, plus each item's strongest pairs.
+
+:class:`PairSearchPlan` finds the pairs (i, j), i != j, with ``x_i . y_j`` above the
+threshold of :func:`hardbatch.gcbs.similarity_threshold` (gcbs paper, eq. 5), cut into units
+(row blocks for ``"exact"`` and ``"faiss"``, inverted lists for ``"ivf"``) that
+:func:`hardbatch.distributed.gcbs_permutation` shares across ranks.
+
+- ``"exact"``: blocked dense products, O(N^2 d) time, O(nnz) memory.
+- ``"ivf"``: an inverted-file approximation: spherical k-means puts the items in ``nlist``
+  (default sqrt(N)) lists, and each list is compared, by one dense product, with the
+  ``nprobe`` lists whose centroids are nearest: about nprobe/nlist of the exact cost
+  (N = 100k, d = 768: ~10 s instead of ~4 min on 2 cores; docs/benchmarks.md).
+- ``"faiss"``: the same with a faiss ``IndexIVFFlat.range_search`` (``pip install faiss-cpu``);
+  on CPU it scans each query separately and was 4-10x slower than ``"ivf"`` here, but it is
+  the natural route to faiss-gpu.
+
+``min_partners=k`` (:func:`strongest_partners`): a row with fewer than k pairs above the
+threshold also keeps its k strongest pairs, found in the same similarity block (for
+``"ivf"``: among the probed lists, an approximate kNN), so every item has an edge.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+
+from . import _rng
+from ._device import Precision, block_elements, check_precision, matmul_fp32, resolve_device
+from ._logging import NO_BAR
+from ._validation import check_int
+
+__all__ = ["DEFAULT_MIN_PARTNERS", "PairSearchPlan", "check_min_partners", "check_search_args",
+           "spherical_kmeans", "strongest_partners", "thresholded_pairs"]
+
+# min_partners default: chosen on the exploration sets of docs/gcbs.md.
+DEFAULT_MIN_PARTNERS = 16
+
+
+def spherical_kmeans(y: torch.Tensor, k: int, seed: int, iters: int = 10) -> torch.Tensor:
+    """Spherical k-means centroids [k, d] (fp32) from a sample of at most 64k rows of ``y``."""
+    n = y.shape[0]
+    pick = torch.from_numpy(_rng.permutation(n, _rng.derive_seed(seed, 0x1BF))[:min(n, 64 * k)])
+    sample = y[pick.to(y.device)].float()
+    cent = sample[:k].clone()
+    for _ in range(iters):
+        assign = (sample @ cent.T).argmax(dim=1)
+        new = torch.zeros_like(cent).index_add_(0, assign, sample)
+        empty = new.norm(dim=1) == 0
+        new[empty] = cent[empty]
+        cent = torch.nn.functional.normalize(new, dim=1)
+    return cent
+
+
+_EMPTY = (np.empty(0, np.int64), np.empty(0, np.int64))
+
+
+def check_search_args(nlist, nprobe) -> tuple[int | None, int]:
+    """``nlist`` (None: the method's default) and ``nprobe`` of the inverted-file searches."""
+    if nlist is not None:
+        nlist = check_int(nlist, "nlist", low=1)
+    return nlist, check_int(nprobe, "nprobe", low=1)
+
+
+def check_min_partners(min_partners: int | None, n: int) -> int:
+    """``min_partners`` checked against N items; None: ``min(DEFAULT_MIN_PARTNERS, N - 1)``."""
+    if min_partners is None:
+        return min(DEFAULT_MIN_PARTNERS, max(0, n - 1))
+    min_partners = check_int(min_partners, "min_partners")
+    if not 0 <= min_partners < max(1, n):
+        raise ValueError(f"min_partners={min_partners} must lie in [0, N - 1] for N={n} items "
+                         f"(each item's strongest pairs besides the threshold); use e.g. "
+                         f"min_partners={min(DEFAULT_MIN_PARTNERS, max(0, n - 1))}, or 0 for "
+                         "the paper's thresholded graph alone")
+    return int(min_partners)
+
+
+def strongest_partners(sims: torch.Tensor, hit_rows: torch.Tensor, k: int,
+                       threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``k`` strongest pairs that are not above ``threshold`` (``min_partners``).
+
+    ``sims`` [R, C] holds similarities with self pairs at -inf, ``hit_rows`` the row of every
+    pair above the threshold. A row with at least k such pairs already holds its k
+    strongest; the others take their top k of ``sims`` (the ones above the threshold are
+    skipped: they are pairs already). Returns (row, column) positions within ``sims``.
+    """
+    counts = torch.bincount(hit_rows, minlength=sims.shape[0])
+    short = torch.nonzero(counts < k).squeeze(1)
+    if short.numel() == 0:
+        return short, short
+    val, idx = sims[short].topk(min(k, sims.shape[1]), dim=1)
+    keep = (val <= threshold) & (val > -torch.inf)
+    return short.unsqueeze(1).expand_as(idx)[keep], idx[keep]
+
+
+def _concat(rows: list, cols: list) -> tuple[np.ndarray, np.ndarray]:
+    if not rows:
+        return _EMPTY
+    return (np.concatenate(rows).astype(np.int64, copy=False),
+            np.concatenate(cols).astype(np.int64, copy=False))
+
+
+class PairSearchPlan:
+    """Step 2 of GCBS (pairs above the threshold), cut into units that ranks can share.
+
+    Units are row blocks (``"exact"``, ``"faiss"``) or inverted lists
+    (``"ivf"``); :meth:`pairs` returns the pairs found by units [start, end): those above
+    ``threshold`` and each row's ``min_partners`` strongest (None: ``min(16, N - 1)``, as in
+    :func:`gcbs_permutation`; searched among the compared columns, so approximately for
+    ``"ivf"``). Used whole by :func:`thresholded_pairs` and in shards by
+    :func:`hardbatch.distributed.gcbs_permutation`. ``block_bytes``: the largest similarity
+    block so far (values and mask), for the build's memory log.
+    """
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, threshold: float, method: str, *,
+                 nlist: int | None, nprobe: int, seed: int, device, precision: str,
+                 min_partners: int | None = None) -> None:
+        if method not in ("exact", "ivf", "faiss"):
+            raise ValueError(f"method={method!r} must be 'exact', 'ivf', 'faiss' or "
+                             "(in gcbs_permutation) 'auto' or 'partition'")
+        nlist, nprobe = check_search_args(nlist, nprobe)
+        self.x, self.y, self.threshold, self.method = x, y, float(threshold), method
+        self.seed, self.nprobe, self.block_bytes = seed, nprobe, 0
+        self.min_partners = check_min_partners(min_partners, x.shape[0])
+        self.device, self.dtype = resolve_device(device), check_precision(precision)
+        n = x.shape[0]
+        if method == "exact":
+            self.per = max(1, (4 * block_elements(self.device)) // n)
+            self.num_units = -(-n // self.per)
+        elif method == "faiss":
+            self.per = 65536
+            self.num_units = -(-n // self.per)
+            self.nlist = nlist or int(max(1, min(n // 39, 4 * np.sqrt(n))))
+        else:
+            self.nlist = int(nlist or max(1, round(np.sqrt(n))))
+            self.num_units = self.nlist
+        self._ivf = None
+        self._faiss = None
+
+    def _tensors(self):
+        xt = torch.from_numpy(self.x).to(self.device, self.dtype)
+        yt = xt if self.y is self.x else torch.from_numpy(self.y).to(self.device, self.dtype)
+        return xt, yt
+
+    def pairs(self, start: int, end: int, bar=NO_BAR) -> tuple[np.ndarray, np.ndarray]:
+        """Pairs (i, j), i != j, found by units [start, end); ``bar.update(1)`` per unit."""
+        if end <= start:
+            return _EMPTY
+        if self.method == "exact":
+            return self._exact(start, end, bar)
+        if self.method == "ivf":
+            return self._ivf_pairs(start, end, bar)
+        return self._faiss_pairs(start, end, bar)
+
+    def _hits(self, sims: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions (row, column) in ``sims`` (self pairs at -inf) of the unit's pairs."""
+        self.block_bytes = max(self.block_bytes, sims.numel() * 5)  # fp32 values + bool mask
+        r, c = torch.nonzero(sims > self.threshold, as_tuple=True)
+        if self.min_partners:
+            r2, c2 = strongest_partners(sims, r, self.min_partners, self.threshold)
+            r, c = torch.cat([r, r2]), torch.cat([c, c2])
+        return r, c
+
+    def _exact(self, start: int, end: int, bar=NO_BAR):
+        n = self.x.shape[0]
+        xt, yt = self._tensors()
+        rows, cols = [], []
+        for s in range(start * self.per, min(n, end * self.per), self.per):
+            e = min(n, s + self.per)
+            sims = matmul_fp32(xt[s:e], yt.T)
+            sims[torch.arange(e - s, device=self.device),
+                 torch.arange(s, e, device=self.device)] = -torch.inf
+            r, c = self._hits(sims)
+            rows.append((r + s).cpu().numpy())
+            cols.append(c.cpu().numpy())
+            bar.update(1)
+        return _concat(rows, cols)
+
+    def _ivf_setup(self):
+        """Spherical k-means lists of the columns; each list probes its ``nprobe`` nearest lists."""
+        n, nlist = self.x.shape[0], self.nlist
+        nprobe = int(min(max(1, self.nprobe), nlist))
+        xt, yt = self._tensors()
+        cent = spherical_kmeans(yt, nlist, self.seed)
+
+        def assign(t):
+            return torch.cat([matmul_fp32(t[s:s + 65536], cent.T.to(t.dtype)).argmax(1)
+                              for s in range(0, n, 65536)])
+
+        col_list = assign(yt)
+        row_list = col_list if self.x is self.y else assign(xt)
+        probe = (cent @ cent.T).topk(nprobe, dim=1).indices.cpu()
+
+        def lists(labels):
+            order = torch.argsort(labels, stable=True)
+            start = torch.zeros(nlist + 1, dtype=torch.int64)
+            start[1:] = torch.bincount(labels, minlength=nlist).cumsum(0).cpu()
+            return order, start
+
+        self._ivf = (xt, yt, probe, lists(col_list), lists(row_list))
+
+    def _ivf_pairs(self, start: int, end: int, bar=NO_BAR):
+        """Cost about N * (nprobe / nlist) * N * d instead of N^2 d (module docstring)."""
+        if self._ivf is None:
+            self._ivf_setup()
+        xt, yt, probe, (col_order, col_start), (row_order, row_start) = self._ivf
+        rows, cols = [], []
+        for c in range(start, end):
+            bar.update(1)
+            r_ids = row_order[row_start[c]:row_start[c + 1]]
+            if r_ids.numel() == 0:
+                continue
+            c_ids = torch.cat([col_order[col_start[p]:col_start[p + 1]]
+                               for p in probe[c].tolist()])
+            sims = matmul_fp32(xt[r_ids], yt[c_ids].T)
+            if self.min_partners:  # self pairs out before rows count their pairs
+                sims[r_ids.unsqueeze(1) == c_ids.unsqueeze(0)] = -torch.inf
+            r, k = self._hits(sims)
+            rr, cc = r_ids[r], c_ids[k]
+            keep = rr != cc
+            rows.append(rr[keep].cpu().numpy())
+            cols.append(cc[keep].cpu().numpy())
+        return _concat(rows, cols)
+
+    def _faiss_pairs(self, start: int, end: int, bar=NO_BAR):
+        try:
+            import faiss
+        except ImportError as exc:
+            raise ImportError("method='faiss' needs faiss: pip install faiss-cpu "
+                              "(or use method='ivf')") from exc
+        x, y = self.x, self.y
+        n, d = y.shape
+        if self._faiss is None:
+            quantizer = faiss.IndexFlatIP(d)
+            index = faiss.IndexIVFFlat(quantizer, d, self.nlist, faiss.METRIC_INNER_PRODUCT)
+            sample = _rng.permutation(n, _rng.derive_seed(self.seed, 0x1BF))[:64 * self.nlist]
+            index.cp.seed = int(self.seed) & 0x7FFFFFFF
+            index.train(y[np.sort(sample)])
+            index.add(y)
+            index.nprobe = min(self.nprobe, self.nlist)
+            self._faiss = index
+        lo, hi = start * self.per, min(n, end * self.per)
+        lims, _, ids = self._faiss.range_search(x[lo:hi], self.threshold)
+        rows = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(lims.astype(np.int64)))
+        cols = ids.astype(np.int64)
+        keep = rows != cols
+        rows, cols = rows[keep], cols[keep]
+        if self.min_partners:  # rows short of partners: their nearest lists' top k
+            k = self.min_partners
+            short = np.flatnonzero(np.bincount(rows - lo, minlength=hi - lo) < k) + lo
+            sims, nn = self._faiss.search(x[short], k + 1) if len(short) else (
+                np.empty((0, k + 1), np.float32), np.empty((0, k + 1), np.int64))
+            nn = nn.astype(np.int64)
+            ok = (nn >= 0) & (nn != short[:, None]) & (sims <= self.threshold)
+            ok &= np.cumsum(nn != short[:, None], axis=1) <= k  # at most k, self skipped
+            rows = np.concatenate([rows, np.broadcast_to(short[:, None], nn.shape)[ok]])
+            cols = np.concatenate([cols, nn[ok]])
+        bar.update(end - start)
+        return rows, cols
+
+
+def thresholded_pairs(x: np.ndarray, y: np.ndarray, threshold: float,
+                      method: Literal["exact", "ivf", "faiss"] = "exact", *,
+                      nlist: int | None = None, nprobe: int = 8, seed: int = 0,
+                      device: str | torch.device | None = None,
+                      precision: Precision = "fp32",
+                      min_partners: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs (i, j), i != j, with ``x_i . y_j > threshold`` (ivf, faiss: approximately).
+
+    With ``min_partners=k`` also each row i's k strongest pairs (largest ``x_i . y_j``).
+    Memory: O(nnz) pairs plus one block of similarities on ``device``.
+    """
+    plan = PairSearchPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
+                          device=device, precision=precision, min_partners=min_partners)
+    return plan.pairs(0, plan.num_units)

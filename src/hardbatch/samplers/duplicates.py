@@ -1,0 +1,304 @@
+"""Duplicate keys: items with equal keys (copies of one text, one passage) never share a batch.
+
+A sampler's ``duplicate_keys=`` is a length-N sequence of hashable keys; :func:`encode_keys`
+turns it once into int64 key ids (``-1`` for an item whose key no other item holds).
+Samplers enforce "no key twice in a batch" where they build batches:
+
+* walks and kNN batches (:mod:`hardbatch.walks`) skip an item whose key is already in the
+  batch (the walk moves on; the kNN batch takes the next neighbour); possible whenever the
+  items hold at least B distinct keys (:func:`check_walk_keys`);
+* partitions (uniform, GCBS) are repaired by :func:`separate_keys`: a clashing item swaps
+  places with an item of the nearest batch (in the order) that lacks its key. Possible
+  exactly when the Gale-Ryser condition of :func:`check_partition_keys` holds (then a
+  swap-free construction is the fallback of the rare repair that gets stuck).
+
+:func:`shared_value_keys` derives keys from rows of several values (the texts of a row) so
+that two rows sharing any value get the same key, as sentence-transformers'
+``NoDuplicatesBatchSampler`` keeps any value from appearing twice in a batch.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import torch
+from numba import njit
+
+__all__ = ["DuplicateKeys", "check_partition_keys", "check_walk_keys", "encode_keys",
+           "separate_keys", "shared_value_keys"]
+
+
+class DuplicateKeys:
+    """Encoded duplicate keys of N items.
+
+    Attributes:
+        ids: int64 [N], the key id of each item (``-1``: no other item holds its key).
+        values: the original key of each id (for messages).
+        counts: int64 [number of ids], items per key id (each >= 2).
+        classes: distinct keys among the items (unique items count one each).
+    """
+
+    def __init__(self, ids: np.ndarray, values: list) -> None:
+        self.ids, self.values = ids, values
+        self.counts = np.bincount(ids[ids >= 0], minlength=len(values)).astype(np.int64)
+        self.classes = int((ids < 0).sum()) + len(values)
+        keyed = np.flatnonzero(ids >= 0)
+        order = np.argsort(ids[keyed], kind="stable")
+        self.members = np.ascontiguousarray(keyed[order], np.int64)  # items grouped by key id
+        self.has_key = (ids >= 0).astype(np.uint8)  # compact: scanned at every repair
+        self.member_ptr = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+
+    @property
+    def any(self) -> bool:
+        """Whether some key is held by two items or more."""
+        return len(self.values) > 0
+
+
+def encode_keys(keys, num_items: int, name: str = "duplicate_keys") -> DuplicateKeys | None:
+    """``keys`` (N hashable values) as :class:`DuplicateKeys`; None for ``keys=None``.
+
+    ``ValueError`` naming ``name`` for a wrong length, a non-sequence or an unhashable key.
+    """
+    if keys is None:
+        return None
+    if isinstance(keys, (torch.Tensor, np.ndarray)):
+        if keys.ndim != 1:
+            raise ValueError(f"{name} must be a 1-D sequence of N={num_items} keys, got shape "
+                             f"{tuple(keys.shape)}")
+        keys = keys.tolist()
+    if isinstance(keys, (str, bytes)) or not hasattr(keys, "__len__"):
+        raise ValueError(f"{name} must be a sequence of N={num_items} hashable keys (one per "
+                         f"item, e.g. the texts), got {type(keys).__name__}")
+    if len(keys) != num_items:
+        raise ValueError(f"{name} has {len(keys)} keys but there are N={num_items} items; pass "
+                         "one key per item, in dataset order")
+    first: dict = {}
+    raw = np.empty(num_items, np.int64)
+    for i, key in enumerate(keys):
+        try:
+            raw[i] = first.setdefault(key, len(first))
+        except TypeError:
+            raise ValueError(f"{name}[{i}] = {key!r} is not hashable; use hashable keys such "
+                             "as strings, numbers or tuples") from None
+    counts = np.bincount(raw, minlength=len(first))
+    shared = counts >= 2
+    new_id = np.full(len(counts), -1, np.int64)
+    new_id[shared] = np.arange(int(shared.sum()))
+    values = [key for key, i in first.items() if shared[i]]
+    return DuplicateKeys(new_id[raw], values)
+
+
+def shared_value_keys(rows: Iterable[Sequence]) -> list[int]:
+    """Keys for rows of values: rows sharing any value (transitively) get the same key.
+
+    ``rows``: for each item, its values (e.g. the texts of all columns of a row). Returns one
+    int per row, the smallest row index of its group (union-find over equal values).
+    """
+    parent: list[int] = []
+    owner: dict = {}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, values in enumerate(rows):
+        parent.append(i)
+        for value in values:
+            j = owner.setdefault(value, i)
+            if j != i:
+                a, b = root(i), root(j)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    return [root(i) for i in range(len(parent))]
+
+
+def _name(keys: DuplicateKeys, key_id: int) -> str:
+    return repr(keys.values[key_id])[:80]
+
+
+def check_walk_keys(keys: DuplicateKeys, batch_size: int) -> None:
+    """``ValueError`` unless the items hold at least ``batch_size`` distinct keys."""
+    if keys.classes < batch_size:
+        worst = int(np.argmax(keys.counts))
+        raise ValueError(
+            f"duplicate_keys leave only {keys.classes} distinct keys for batches of "
+            f"{batch_size} items with no key twice (key {_name(keys, worst)} alone is held by "
+            f"{int(keys.counts[worst])} items); use batch_size <= {keys.classes}, keys that tell "
+            "more items apart, or duplicate_keys=None")
+
+
+def partition_capacities(num_items: int, batch_size: int, drop_last: bool) -> np.ndarray:
+    """Sizes of an epoch's partition batches: B each, the last N mod B unless dropped."""
+    full, rest = divmod(num_items, batch_size)
+    caps = [batch_size] * full + ([rest] if rest and not drop_last else [])
+    return np.array(caps, np.int64)
+
+
+def _after_drop(counts: np.ndarray, drop: int) -> np.ndarray:
+    """Group sizes after dropping ``drop`` items, one at a time from the largest group."""
+    heap = [-int(c) for c in counts]
+    heapq.heapify(heap)
+    for _ in range(drop):
+        heapq.heapreplace(heap, heap[0] + 1)
+    return -np.array(heap, np.int64)
+
+
+def check_partition_keys(keys: DuplicateKeys, num_items: int, batch_size: int,
+                         drop_last: bool) -> None:
+    """``ValueError`` unless the epoch's partition can keep every key out of shared batches.
+
+    Feasible iff (Gale-Ryser) for every t, the t largest batches hold at most
+    ``sum_k min(c_k, t)`` items (c_k: items of key k, unique items counting 1); with
+    ``drop_last`` the N mod B dropped items are taken from the largest groups first.
+    """
+    caps = partition_capacities(num_items, batch_size, drop_last)
+    nb = len(caps)
+    counts = np.concatenate([keys.counts, np.ones(int((keys.ids < 0).sum()), np.int64)])
+    if drop_last:
+        counts = _after_drop(counts, num_items - int(caps.sum()))
+    if keys.any and counts.max() > nb:
+        k = int(np.argmax(keys.counts))  # the largest group stays the largest after drops
+        c = int(keys.counts[k])
+        raise ValueError(
+            f"duplicate_keys: key {_name(keys, k)} is held by {c} items but an epoch has only "
+            f"{nb} batches of batch_size={batch_size}, so two of them must share a batch; use "
+            f"batch_size <= {num_items // c}, or merge / drop the copies")
+    # reach[t - 1] = sum_k min(c_k, t) = sum_{j <= t} #{k : c_k >= j}
+    at_least = np.bincount(counts, minlength=nb + 1)[::-1].cumsum()[::-1]
+    reach = np.cumsum(at_least[1:nb + 1])
+    need = np.cumsum(np.sort(caps)[::-1])
+    bad = np.flatnonzero(need > reach)
+    if bad.size:
+        t = int(bad[0]) + 1
+        raise ValueError(
+            f"duplicate_keys: {t} batches of batch_size={batch_size} need {int(need[t - 1])} "
+            f"items but the keys allow only {int(reach[t - 1])} (too many copies of too few "
+            "keys); use a smaller batch_size or merge / drop the copies")
+
+
+@njit(cache=True, inline="always")
+def _has_key(k, batch, members, member_ptr, pos_of, kept, batch_size):
+    for m in range(member_ptr[k], member_ptr[k + 1]):
+        p = pos_of[members[m]]
+        if p < kept and p // batch_size == batch:
+            return True
+    return False
+
+
+@njit(cache=True)
+def _swap_repair(order, kept, batch_size, key_of, has_key, members, member_ptr):
+    """Swap clashing items into the nearest batch without their key; False if stuck."""
+    nb = (kept + batch_size - 1) // batch_size
+    pos_of = np.empty(key_of.shape[0], np.int64)  # read for items with a key only
+    keyed = np.empty(members.shape[0], np.int64)  # positions of items with a key, in order
+    count = 0
+    for p in range(order.shape[0]):
+        if has_key[order[p]]:
+            pos_of[order[p]] = p
+            if p < kept:
+                keyed[count] = p
+                count += 1
+    for t in range(count):
+        p = keyed[t]
+        i = order[p]  # a swap may have put an item without a key here
+        k = key_of[i]
+        if k < 0:
+            continue
+        b = p // batch_size
+        clash = False
+        for m in range(member_ptr[k], member_ptr[k + 1]):
+            q = pos_of[members[m]]
+            if q < p and q // batch_size == b:
+                clash = True
+                break
+        if not clash:
+            continue
+        done = False
+        for dist in range(1, nb):
+            for side in range(2):
+                b2 = b + dist if side == 0 else b - dist
+                if b2 < 0 or b2 >= nb or _has_key(k, b2, members, member_ptr, pos_of, kept,
+                                                  batch_size):
+                    continue
+                lo, hi = b2 * batch_size, min(kept, (b2 + 1) * batch_size)
+                for step in range(hi - lo):  # from the end nearest batch b
+                    q = lo + step if b2 > b else hi - 1 - step
+                    j = order[q]
+                    kj = key_of[j]
+                    if kj >= 0 and _has_key(kj, b, members, member_ptr, pos_of, kept,
+                                            batch_size):
+                        continue
+                    order[p], order[q] = j, i
+                    pos_of[i] = q
+                    if kj >= 0:
+                        pos_of[j] = p
+                    done = True
+                    break
+                if done:
+                    break
+            if done:
+                break
+        if not done:
+            return False
+    return True
+
+
+def _construct(order: np.ndarray, kept: int, batch_size: int, keys: DuplicateKeys) -> np.ndarray:
+    """Ryser's construction: each key's items into the batches with the most room left.
+
+    Succeeds whenever :func:`check_partition_keys` passes; items keep their relative order
+    within a batch; with ``kept < N`` the dropped items come from the largest groups first.
+    """
+    caps = partition_capacities(kept, batch_size, False)
+    groups: dict[int, list[int]] = {}
+    for pos, item in enumerate(order.tolist()):
+        k = int(keys.ids[item])
+        groups.setdefault(k if k >= 0 else -1 - item, []).append(pos)
+    sizes = {g: len(p) for g, p in groups.items()}
+    heap = [(-s, g) for g, s in sizes.items()]
+    heapq.heapify(heap)
+    for _ in range(len(order) - kept):  # drop from the largest groups (the latest positions)
+        s, g = heapq.heappop(heap)
+        groups[g].pop()
+        heapq.heappush(heap, (s + 1, g))
+    room = caps.copy()
+    slot = np.full(len(order), -1, np.int64)  # batch of each position
+    for g in sorted(groups, key=lambda g: (-len(groups[g]), groups[g][0] if groups[g] else 0)):
+        positions = groups[g]
+        if len(positions) < 2:
+            break  # single items fill the room left, in order
+        targets = np.argsort(-room, kind="stable")[:len(positions)]
+        if len(targets) < len(positions) or room[targets[-1]] <= 0:
+            raise ValueError("duplicate_keys could not be separated into batches of "
+                             f"batch_size={batch_size}; use a smaller batch_size")
+        slot[positions] = np.sort(targets)
+        room[targets] -= 1
+    singles = sorted(p[0] for p in groups.values() if len(p) == 1)
+    slot[singles] = np.repeat(np.arange(len(room)), room)
+    placed = np.flatnonzero(slot >= 0)
+    ranked = placed[np.lexsort((placed, slot[placed]))]  # by batch, then original position
+    rest = np.setdiff1d(np.arange(len(order)), placed, assume_unique=True)
+    return np.concatenate([order[ranked], order[rest]])
+
+
+def separate_keys(order: np.ndarray, kept: int, batch_size: int,
+                  keys: DuplicateKeys | None) -> np.ndarray:
+    """``order`` (a permutation of the N items) with no key twice in any of its batches.
+
+    Batches are ``order[:kept]`` cut every ``batch_size``; ``order[kept:]`` are dropped
+    items. Deterministic: a clashing item (the later one in the order) swaps places with
+    the nearest item of the nearest batch, forward first, that lacks its key and whose key
+    the clashing batch lacks; if no such swap exists, :func:`_construct` rebuilds the batches.
+    Unchanged (the same array) when no key is shared.
+    """
+    if keys is None or not keys.any:
+        return order
+    out = np.array(order, np.int64)
+    if _swap_repair(out, kept, batch_size, keys.ids, keys.has_key, keys.members,
+                    keys.member_ptr):
+        return out
+    return _construct(np.asarray(order, np.int64), kept, batch_size, keys)
