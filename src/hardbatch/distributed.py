@@ -48,7 +48,8 @@ import torch
 import torch.distributed as dist
 
 from ._device import Precision, shard_range
-from .gcbs import PairSearchPlan, PartitionPlan, gcbs_setup, partition_count, rcm_order
+from .gcbs import (PairSearchPlan, PartitionPlan, check_min_partners, gcbs_setup, partition_count,
+                   rcm_order)
 from .graph import KNNGraphPlan, ProximityGraphPlan
 
 __all__ = ["all_gather_ints", "all_gather_rows", "all_gather_rows_with_grad", "gcbs_permutation",
@@ -187,7 +188,8 @@ def knn_graph(embeddings, neighbors: int = 100, *, method: str = "exact",
 
 
 def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method: str = "exact",
-                     seed: int = 0, nlist: int | None = None, nprobe: int = 8,
+                     min_partners: int | None = None, seed: int = 0, nlist: int | None = None,
+                     nprobe: int = 8,
                      partitions: int | None = None, device: str | torch.device | None = None,
                      precision: Precision = "fp32", group=None) -> torch.Tensor:
     """:func:`hardbatch.gcbs_permutation` with the pair search (GCBS eq. 5) shared across ``group``.
@@ -202,9 +204,10 @@ def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method
     n = x.shape[0]
     if threshold is None:
         return torch.zeros(1, dtype=torch.int64)
+    k = check_min_partners(min_partners, n)
     if method == "partition":
         part = PartitionPlan(x, y, threshold, partition_count(n, partitions), seed, device,
-                             precision)
+                             precision, k)
         if not is_distributed(group):
             return torch.from_numpy(part.order(0, len(part.chain)))
         dev = _comm_device(group)
@@ -217,7 +220,7 @@ def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method
         mine = torch.from_numpy(part.order(*part.shard(rank, world)))
         return all_gather_rows(mine, group)
     plan = PairSearchPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
-                          device=device, precision=precision)
+                          device=device, precision=precision, min_partners=k)
     rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
     rows, cols = plan.pairs(*shard_range(plan.num_units, rank, world))
     pairs = all_gather_rows(torch.from_numpy(np.stack([rows, cols], axis=1)), group).numpy()

@@ -60,7 +60,7 @@ class GCBSSampler(RefreshingSampler):
         min_partners: each item also keeps its ``min_partners`` strongest pairs (see
             :func:`hardbatch.gcbs_permutation` and docs/gcbs.md: k >= 1 removes the random
             tail). Default 0, the paper's graph (the sampler's default stays the paper's for
-            now; the distributed build supports only 0).
+            now; docs/gcbs.md measures 16).
         seed, rank, world_size: as in every sampler.
     """
 
@@ -104,9 +104,6 @@ class GCBSSampler(RefreshingSampler):
                 raise ValueError(f"paired has {n_paired} rows but embeddings has N={n}; "
                                  "paired data needs one row of Y per row of X")
         self.min_partners = check_int(min_partners, "min_partners", low=0, high=n - 1)
-        if distributed and self.min_partners:
-            raise ValueError(f"min_partners={min_partners} is not supported with distributed "
-                             "GCBS builds yet; pass min_partners=0 or distributed=False")
         self.partitions = partitions
         self.paired = paired
         self.quantile, self.method = float(quantile), method
@@ -133,8 +130,8 @@ class GCBSSampler(RefreshingSampler):
         """Epoch ``epoch``'s item order and batch order, from embeddings ``x`` (and ``y``)."""
         x, y = xy
         build = hbdist.gcbs_permutation if self.distributed else gcbs_permutation
-        kw = {"group": group} if self.distributed else {"min_partners": self.min_partners}
-        perm = build(x, self.quantile, y, method=self.method,
+        kw = {"group": group} if self.distributed else {}
+        perm = build(x, self.quantile, y, method=self.method, min_partners=self.min_partners,
                      seed=_rng.derive_seed(self.seed, epoch) & 0x7FFFFFFF,
                      nlist=self.nlist, nprobe=self.nprobe, partitions=self.partitions,
                      device=self.device, precision=self.precision, **kw)

@@ -14,10 +14,20 @@ import hardbatch as hb
 def test_gcbs_sampler_batches_follow_permutation(emb):
     s = hb.GCBSSampler(emb, B, quantile=0.99, seed=0)
     batches = list(s)
-    perm = hb.gcbs_permutation(emb, 0.99, seed=hb._rng.derive_seed(0, 0) & 0x7FFFFFFF)
+    perm = hb.gcbs_permutation(emb, 0.99, method="exact", min_partners=0,  # the sampler's defaults
+                               seed=hb._rng.derive_seed(0, 0) & 0x7FFFFFFF)
     assert list(itertools.chain.from_iterable(batches)) == perm.tolist()
     shuffled = hb.GCBSSampler(emb, B, quantile=0.99, seed=0, shuffle_batches=True)
     assert sorted(map(tuple, list(shuffled))) == sorted(map(tuple, batches))
+
+
+def test_gcbs_sampler_min_partners_follows_the_permutation(emb):
+    s = hb.GCBSSampler(emb, B, quantile=0.99, seed=0, min_partners=4)
+    perm = hb.gcbs_permutation(emb, 0.99, method="exact", min_partners=4,
+                               seed=hb._rng.derive_seed(0, 0) & 0x7FFFFFFF)
+    assert list(itertools.chain.from_iterable(s)) == perm.tolist()
+    with pytest.raises(ValueError, match="min_partners"):
+        hb.GCBSSampler(emb, B, min_partners=-1)
 
 
 def test_gcbs_sampler_paired_source(emb):
@@ -70,7 +80,8 @@ def test_gcbs_drop_last_drops_random_items_not_always_the_tail(emb):
         kept = [i for b in batches for i in b]
         assert len(set(kept)) == len(kept) == N - N % B
         # the kept items follow the epoch's GCBS order, minus N mod B of its positions
-        perm = hb.gcbs_permutation(emb, 0.99, seed=hb._rng.derive_seed(0, epoch) & 0x7FFFFFFF)
+        perm = hb.gcbs_permutation(emb, 0.99, method="exact", min_partners=0,
+                                   seed=hb._rng.derive_seed(0, epoch) & 0x7FFFFFFF)
         assert [i for i in perm.tolist() if i in set(kept)] == kept
         missing = np.setdiff1d(np.arange(N), kept)
         dropped[missing] += 1
@@ -87,7 +98,8 @@ def test_gcbs_drop_last_drops_random_items_not_always_the_tail(emb):
 def test_gcbs_drop_last_without_a_remainder_cuts_the_order(emb):
     x = emb[:960]  # 960 = 15 * 64: nothing to drop
     batches = list(hb.GCBSSampler(x, B, quantile=0.99, drop_last=True, seed=0))
-    perm = hb.gcbs_permutation(x, 0.99, seed=hb._rng.derive_seed(0, 0) & 0x7FFFFFFF)
+    perm = hb.gcbs_permutation(x, 0.99, method="exact", min_partners=0,
+                               seed=hb._rng.derive_seed(0, 0) & 0x7FFFFFFF)
     assert list(itertools.chain.from_iterable(batches)) == perm.tolist()
 
 
