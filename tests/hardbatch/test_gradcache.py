@@ -480,6 +480,8 @@ if "gather" in inspect.signature(hb.info_nce).parameters:
         check(grads(model), want, "gather " + form)
     print(f"RANK {rank} GATHER OK", flush=True)
 print(f"RANK {rank} OK", flush=True)
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()  # no gloo / DDP threads left alive at exit
 '''
 
 
