@@ -225,6 +225,14 @@ def _similarity_stats(table, ids: np.ndarray, name: str, threshold: float | None
     return out
 
 
+def _optional_inputs(labels, reference, near_duplicate, n: int):
+    """(labels array or None, reference table or None, near-duplicate threshold or None)."""
+    lab = None if labels is None else labels_array(labels, n)
+    if reference is None:
+        return lab, None, None
+    return lab, reference_table(reference, n), _check_threshold(near_duplicate)
+
+
 def batch_stats(embeddings: ArrayLike, batch: BatchLike, labels: ArrayLike | None = None, *,
                 reference: ArrayLike | None = None,
                 near_duplicate: float = NEAR_DUPLICATE) -> dict[str, float]:
@@ -248,13 +256,7 @@ def batch_stats(embeddings: ArrayLike, batch: BatchLike, labels: ArrayLike | Non
     """
     table, n, _ = embedding_table(embeddings)
     ids = as_batch(batch, n)
-    lab = None
-    if labels is not None:
-        lab = labels_array(labels, n)
-    ref = None
-    if reference is not None:
-        ref = reference_table(reference, n)
-        threshold = _check_threshold(near_duplicate)
+    lab, ref, threshold = _optional_inputs(labels, reference, near_duplicate, n)
     current = _similarity_stats(table, ids, "embeddings", None)
     out = {
         "batch_size": int(ids.size),
@@ -329,13 +331,7 @@ def plan_stats(embeddings: ArrayLike, batches: Iterable[BatchLike],
     table, n, _ = embedding_table(embeddings)
     plan = as_batches(batches, n)
     bins, lo, hi = _check_range(range, bins)
-    lab = None
-    if labels is not None:
-        lab = labels_array(labels, n)
-    ref = None
-    if reference is not None:
-        ref = reference_table(reference, n)
-        threshold = _check_threshold(near_duplicate)
+    lab, ref, threshold = _optional_inputs(labels, reference, near_duplicate, n)
     repeats = entries = same_pairs = 0
     for ids in plan:
         entries += ids.size
