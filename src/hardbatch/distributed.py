@@ -48,8 +48,9 @@ import torch
 import torch.distributed as dist
 
 from ._device import Precision, shard_range
-from .gcbs import (PairSearchPlan, PartitionPlan, check_min_partners, gcbs_setup, partition_count,
-                   rcm_order)
+from ._validation import check_int
+from .gcbs import (PairSearchPlan, PartitionPlan, gcbs_setup, interleave_chunks, rcm_order,
+                   resolve_build)
 from .graph import KNNGraphPlan, ProximityGraphPlan
 
 __all__ = ["all_gather_ints", "all_gather_rows", "all_gather_rows_with_grad", "gcbs_permutation",
@@ -187,12 +188,16 @@ def knn_graph(embeddings, neighbors: int = 100, *, method: str = "exact",
     return all_gather_rows(plan.rows(start, end), group)
 
 
-def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method: str = "exact",
+def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method: str = "auto",
                      min_partners: int | None = None, seed: int = 0, nlist: int | None = None,
                      nprobe: int = 8,
                      partitions: int | None = None, device: str | torch.device | None = None,
-                     precision: Precision = "fp32", group=None) -> torch.Tensor:
+                     precision: Precision = "fp32", interleave: int = 0,
+                     group=None) -> torch.Tensor:
     """:func:`hardbatch.gcbs_permutation` with the pair search (GCBS eq. 5) shared across ``group``.
+
+    The same arguments and the same order as the single-process function (``method="auto"``
+    resolves by N on every rank alike); ``group`` is the process group (None: the default).
 
     ``method="partition"``: rank 0's cells and chain are broadcast (k-means on
     CUDA may differ in the last bits between ranks), every rank orders a
@@ -204,12 +209,21 @@ def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method
     n = x.shape[0]
     if threshold is None:
         return torch.zeros(1, dtype=torch.int64)
-    k = check_min_partners(min_partners, n)
+    method, k, partitions = resolve_build(method, min_partners, partitions, n)
+    interleave = check_int(interleave, "interleave", low=0)
+    return torch.from_numpy(interleave_chunks(
+        _shared_order(x, y, threshold, method, k, seed, nlist, nprobe, partitions, device,
+                      precision, group), interleave))
+
+
+def _shared_order(x, y, threshold, method, k, seed, nlist, nprobe, partitions, device,
+                  precision, group) -> np.ndarray:
+    """The GCBS order of :func:`gcbs_permutation` (before interleaving), work shared by rank."""
+    n = x.shape[0]
     if method == "partition":
-        part = PartitionPlan(x, y, threshold, partition_count(n, partitions), seed, device,
-                             precision, k)
+        part = PartitionPlan(x, y, threshold, partitions, seed, device, precision, k)
         if not is_distributed(group):
-            return torch.from_numpy(part.order(0, len(part.chain)))
+            return part.order(0, len(part.chain))
         dev = _comm_device(group)
         cell, chain = part.cell.to(dev), torch.tensor(part.chain, dtype=torch.int64, device=dev)
         src = dist.get_global_rank(group, 0) if group is not None else 0
@@ -218,13 +232,13 @@ def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method
         part.adopt(cell.cpu(), chain.cpu())
         rank, world = get_rank_world(group)
         mine = torch.from_numpy(part.order(*part.shard(rank, world)))
-        return all_gather_rows(mine, group)
+        return all_gather_rows(mine, group).numpy()
     plan = PairSearchPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
                           device=device, precision=precision, min_partners=k)
     rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
     rows, cols = plan.pairs(*shard_range(plan.num_units, rank, world))
     pairs = all_gather_rows(torch.from_numpy(np.stack([rows, cols], axis=1)), group).numpy()
-    return rcm_order(pairs[:, 0], pairs[:, 1], n, seed)
+    return np.asarray(rcm_order(pairs[:, 0], pairs[:, 1], n, seed))
 
 
 def sync_bank_update(indices: torch.Tensor, embeddings: torch.Tensor,

@@ -62,6 +62,11 @@ def check_graphs(x: np.ndarray) -> None:
     for method in ("exact", "ivf"):
         assert torch.equal(hbdist.gcbs_permutation(x, 0.99, method=method, seed=4),
                            hb.gcbs_permutation(x, 0.99, method=method, seed=4)), method
+    # the defaults ("auto", min_partners) and interleaved chunks resolve alike on every rank
+    assert torch.equal(hbdist.gcbs_permutation(x, 0.99, seed=4, interleave=8),
+                       hb.gcbs_permutation(x, 0.99, seed=4, interleave=8))
+    assert torch.equal(hbdist.gcbs_permutation(x, 0.99, seed=4, min_partners=0),
+                       hb.gcbs_permutation(x, 0.99, seed=4, min_partners=0))
     for parts in (1, 2, 5):  # cells shared across the ranks
         assert torch.equal(
             hbdist.gcbs_permutation(x, 0.99, method="partition", partitions=parts, seed=4),

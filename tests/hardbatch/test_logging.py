@@ -113,3 +113,31 @@ def test_logger_hierarchy():
     assert any(isinstance(h, logging.NullHandler)
                for h in logging.getLogger("hardbatch").handlers)
     assert np.isfinite(_logging.PROGRESS_DELAY_S)
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: hb.ProximityGraphSampler(x, 16, 200, 10, refresh_every=None, progress=True),
+    lambda x: hb.ProximityGraphSampler(x, 16, 200, 10, graph="knn", refresh_every=None,
+                                       progress=True),
+    lambda x: hb.GCBSSampler(x, 16, 0.99, method="exact", progress=True),
+], ids=["proximity", "knn-graph", "gcbs"])
+def test_samplers_pass_progress_to_their_builds(rng, capfd, monkeypatch, make):
+    pytest.importorskip("tqdm")
+    monkeypatch.setattr(_logging, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(hb.graph, "block_elements", lambda device: 20_000)
+    monkeypatch.setattr(hb.pair_search, "block_elements", lambda device: 5_000)
+    next(iter(make(unit_rows(rng, 1200, 6))))
+    out, err = capfd.readouterr()
+    assert out == "" and "block/s" in err
+    sampler = make(unit_rows(rng, 1200, 6))
+    sampler.progress = False
+    next(iter(sampler))
+    assert capfd.readouterr() == ("", "")
+
+
+def test_sampler_progress_is_checked_at_construction(rng):
+    x = unit_rows(rng, 300, 6)
+    with pytest.raises(ValueError, match="progress must be True, False or None"):
+        hb.GCBSSampler(x, 16, progress="yes")
+    with pytest.raises(ValueError, match="progress must be True, False or None"):
+        hb.ProximityGraphSampler(x, 16, 100, 10, progress=1)

@@ -11,9 +11,12 @@ import torch
 from .. import _rng
 from .. import distributed as hbdist
 from .._device import check_precision, resolve_device
+from .._logging import show_progress
 from ..embeddings import EmbeddingSource, read_embeddings, source_num_items
 from .._validation import check_int
-from ..gcbs import check_search_args, gcbs_permutation
+from ..gcbs import check_search_args, default_interleave, gcbs_permutation, interleave_chunks, \
+    resolve_method
+from ..pair_search import check_min_partners
 from .duplicates import separate_keys
 from .refresh import RefreshingSampler, RefreshPolicy, check_pipelining, check_rows, \
     resolve_distributed
@@ -33,7 +36,9 @@ class GCBSSampler(RefreshingSampler):
         batch_size: B.
         quantile: sparsification quantile (paper: 0.999).
         paired: the Y side of paired data (same kinds as ``embeddings``), or None.
-        method: ``"exact"``, ``"ivf"``, ``"faiss"`` or ``"partition"`` (see gcbs_permutation).
+        method: ``"auto"`` (default: ``"exact"`` up to 5,000 items, ``"ivf"`` up to 1M,
+            ``"partition"`` beyond; measured in docs/gcbs.md), ``"exact"`` (the paper's),
+            ``"ivf"``, ``"faiss"`` or ``"partition"`` (see gcbs_permutation).
         nlist, nprobe, partitions: options of those methods.
         shuffle_batches: visit the batches in random order (default False: the
             paper's sequential order).
@@ -59,14 +64,22 @@ class GCBSSampler(RefreshingSampler):
             order) that lacks its key. No key shared: the same batches as without keys.
         min_partners: each item also keeps its ``min_partners`` strongest pairs (see
             :func:`hardbatch.gcbs_permutation` and docs/gcbs.md: k >= 1 removes the random
-            tail). Default 0, the paper's graph (the sampler's default stays the paper's for
-            now; docs/gcbs.md measures 16).
+            tail). Default None: ``min(16, N - 1)``; 0 is the paper's graph.
+        interleave: chunk length c of :func:`hardbatch.gcbs.interleave_chunks`: a batch holds
+            about B / c chunks of the order from different regions, so no batch is a head of
+            near-duplicates. Default None: :func:`hardbatch.gcbs.default_interleave` of the
+            plan's batch size (B / 8, at least 8; 0 below B = 16); 0 cuts batches straight
+            from the GCBS order (the paper's). ``min_partners=0, method="exact",
+            interleave=0`` is the paper's sampler.
+        progress: a tqdm bar over each order build's blocks (True), none (False), or (None,
+            default) when stderr is a terminal; shown once a build runs past 2 s. Every build
+            also logs one INFO record on the ``hardbatch.gcbs`` logger.
         seed, rank, world_size: as in every sampler.
     """
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, quantile: float = 0.999, *,
                  paired: EmbeddingSource | None = None,
-                 method: Literal["exact", "ivf", "faiss", "partition"] = "exact",
+                 method: Literal["auto", "exact", "ivf", "faiss", "partition"] = "auto",
                  shuffle_batches: bool = False, drop_last: bool = False, seed: int = 0,
                  nlist: int | None = None, nprobe: int = 8, partitions: int | None = None,
                  device: str | torch.device | None = None,
@@ -75,7 +88,8 @@ class GCBSSampler(RefreshingSampler):
                  distributed: bool | None = None, process_group=None,
                  rank: int | None = None, world_size: int | None = None,
                  global_batch: bool = False, duplicate_keys=None,
-                 min_partners: int = 0) -> None:
+                 min_partners: int | None = None, interleave: int | None = None,
+                 progress: bool | None = None) -> None:
         n, first = source_num_items(embeddings)
         super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
                          world_size=world_size, global_batch=global_batch,
@@ -96,15 +110,18 @@ class GCBSSampler(RefreshingSampler):
             distributed=distributed, process_group=process_group, per_epoch=True)
         if not 0.0 < float(quantile) < 1.0:
             raise ValueError(f"quantile={quantile} must lie strictly between 0 and 1")
-        if method not in ("exact", "ivf", "faiss", "partition"):
-            raise ValueError(f"method={method!r} must be 'exact', 'ivf', 'faiss' or 'partition'")
+        resolve_method(method, n)  # checks the name; "auto" resolves per build
         if paired is not None and not callable(paired):  # a callable is checked when read
             n_paired, _ = source_num_items(paired, "paired")
             if n_paired != n:
                 raise ValueError(f"paired has {n_paired} rows but embeddings has N={n}; "
                                  "paired data needs one row of Y per row of X")
-        self.min_partners = check_int(min_partners, "min_partners", low=0, high=n - 1)
+        self.min_partners = None if min_partners is None else check_min_partners(min_partners, n)
+        self.interleave = (default_interleave(self.plan_batch_size) if interleave is None
+                           else check_int(interleave, "interleave", low=0))
         self.partitions = partitions
+        show_progress(progress)  # checks the value now, not at the first build
+        self.progress = progress
         self.paired = paired
         self.quantile, self.method = float(quantile), method
         self.shuffle_batches = bool(shuffle_batches)
@@ -130,12 +147,12 @@ class GCBSSampler(RefreshingSampler):
         """Epoch ``epoch``'s item order and batch order, from embeddings ``x`` (and ``y``)."""
         x, y = xy
         build = hbdist.gcbs_permutation if self.distributed else gcbs_permutation
-        kw = {"group": group} if self.distributed else {}
+        kw = {"group": group} if self.distributed else {"progress": self.progress}
         perm = build(x, self.quantile, y, method=self.method, min_partners=self.min_partners,
                      seed=_rng.derive_seed(self.seed, epoch) & 0x7FFFFFFF,
                      nlist=self.nlist, nprobe=self.nprobe, partitions=self.partitions,
                      device=self.device, precision=self.precision, **kw)
-        perm = perm.numpy()
+        perm = interleave_chunks(perm.numpy(), self.interleave)
         extra = self.num_items % self.plan_batch_size if self.drop_last else 0
         if extra:  # dropped: a random choice of positions, not always the order's tail
             drop = _rng.permutation(self.num_items, _rng.derive_seed(self.seed, epoch, 3))

@@ -10,6 +10,7 @@ import torch
 from .. import _rng
 from .. import distributed as hbdist
 from .._device import check_precision, resolve_device
+from .._logging import show_progress
 from .._validation import check_int
 from ..embeddings import EmbeddingSource
 from ..graph import check_graph_sizes, check_group_size, knn_graph, proximity_graph
@@ -70,6 +71,9 @@ class ProximityGraphSampler(AnchoredSampler):
         duplicate_keys: N hashable keys (e.g. the texts); a walk never adds an item whose
             key is already in its batch (it walks on through it). Needs at least B distinct
             keys. No key shared: the same batches as without keys.
+        progress: a tqdm bar over each graph build's blocks (True), none (False), or (None,
+            default) when stderr is a terminal; shown once a build runs past 2 s. Every
+            build also logs one INFO record on the ``hardbatch`` logger.
         drop_last, seed, rank, world_size: as in every sampler.
     """
 
@@ -84,7 +88,8 @@ class ProximityGraphSampler(AnchoredSampler):
                  refresh_lag: int | None = None, background: bool = False,
                  prefetch: int = 0, distributed: bool | None = None, process_group=None,
                  rank: int | None = None, world_size: int | None = None,
-                 global_batch: bool = False, duplicate_keys=None) -> None:
+                 global_batch: bool = False, duplicate_keys=None,
+                 progress: bool | None = None) -> None:
         super().__init__(embeddings, batch_size, refresh_every=refresh_every,
                          drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
                          world_size=world_size, refresh_lag=refresh_lag, background=background,
@@ -94,6 +99,8 @@ class ProximityGraphSampler(AnchoredSampler):
         self.device = resolve_device(device)
         check_precision(precision)
         self.precision = precision
+        show_progress(progress)  # checks the value now, not at the first build
+        self.progress = progress
         if walk not in WALKS:
             raise ValueError(f"walk={walk!r} must be one of {sorted(WALKS)}")
         if not callable(restart):
@@ -134,10 +141,10 @@ class ProximityGraphSampler(AnchoredSampler):
         kw = {"device": self.device, "precision": self.precision}
         if group is None and not self.distributed:
             if self.graph_kind == "knn":
-                graph = knn_graph(x, self.neighbors, **kw)
+                graph = knn_graph(x, self.neighbors, progress=self.progress, **kw)
             else:
                 graph = proximity_graph(x, self.candidates, self.neighbors, seed,
-                                        group_size=self.group_size, **kw)
+                                        group_size=self.group_size, progress=self.progress, **kw)
         elif self.graph_kind == "knn":
             graph = hbdist.knn_graph(x, self.neighbors, group=group, **kw)
         else:

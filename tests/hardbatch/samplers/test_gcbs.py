@@ -14,15 +14,26 @@ import hardbatch as hb
 def test_gcbs_sampler_batches_follow_permutation(emb):
     s = hb.GCBSSampler(emb, B, quantile=0.99, seed=0)
     batches = list(s)
-    perm = hb.gcbs_permutation(emb, 0.99, method="exact", min_partners=0,  # the sampler's defaults
-                               seed=hb._rng.derive_seed(0, 0) & 0x7FFFFFFF)
+    assert s.interleave == hb.gcbs.default_interleave(B) == 8
+    perm = hb.gcbs_permutation(emb, 0.99, seed=hb._rng.derive_seed(0, 0) & 0x7FFFFFFF,
+                               interleave=8)  # the defaults: method auto, min_partners 16
     assert list(itertools.chain.from_iterable(batches)) == perm.tolist()
     shuffled = hb.GCBSSampler(emb, B, quantile=0.99, seed=0, shuffle_batches=True)
     assert sorted(map(tuple, list(shuffled))) == sorted(map(tuple, batches))
 
 
+def test_gcbs_sampler_paper_settings_cut_the_paper_order(emb):
+    s = hb.GCBSSampler(emb, B, quantile=0.99, seed=0, method="exact", min_partners=0,
+                       interleave=0)
+    perm = hb.gcbs_permutation(emb, 0.99, method="exact", min_partners=0,
+                               seed=hb._rng.derive_seed(0, 0) & 0x7FFFFFFF)
+    assert list(itertools.chain.from_iterable(s)) == perm.tolist()
+    with pytest.raises(ValueError, match="interleave=-1 must be >= 0"):
+        hb.GCBSSampler(emb, B, interleave=-1)
+
+
 def test_gcbs_sampler_min_partners_follows_the_permutation(emb):
-    s = hb.GCBSSampler(emb, B, quantile=0.99, seed=0, min_partners=4)
+    s = hb.GCBSSampler(emb, B, quantile=0.99, seed=0, min_partners=4, interleave=0)
     perm = hb.gcbs_permutation(emb, 0.99, method="exact", min_partners=4,
                                seed=hb._rng.derive_seed(0, 0) & 0x7FFFFFFF)
     assert list(itertools.chain.from_iterable(s)) == perm.tolist()
@@ -71,7 +82,8 @@ def test_gcbs_source_that_changes_size_is_reported(emb):
 def test_gcbs_drop_last_drops_random_items_not_always_the_tail(emb):
     from hardbatch.gcbs import similarity_threshold, thresholded_pairs
 
-    s = hb.GCBSSampler(emb, B, quantile=0.99, drop_last=True, seed=0)
+    s = hb.GCBSSampler(emb, B, quantile=0.99, drop_last=True, seed=0, method="exact",
+                       min_partners=0, interleave=0)  # the paper's order: isolated items last
     dropped = np.zeros(N, int)
     for epoch in range(12):
         s.set_epoch(epoch)
@@ -98,8 +110,8 @@ def test_gcbs_drop_last_drops_random_items_not_always_the_tail(emb):
 def test_gcbs_drop_last_without_a_remainder_cuts_the_order(emb):
     x = emb[:960]  # 960 = 15 * 64: nothing to drop
     batches = list(hb.GCBSSampler(x, B, quantile=0.99, drop_last=True, seed=0))
-    perm = hb.gcbs_permutation(x, 0.99, method="exact", min_partners=0,
-                               seed=hb._rng.derive_seed(0, 0) & 0x7FFFFFFF)
+    perm = hb.gcbs_permutation(x, 0.99, seed=hb._rng.derive_seed(0, 0) & 0x7FFFFFFF,
+                               interleave=hb.gcbs.default_interleave(B))
     assert list(itertools.chain.from_iterable(batches)) == perm.tolist()
 
 
