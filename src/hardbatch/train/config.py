@@ -51,6 +51,12 @@ class TrainConfig:
         reference: path of a fixed ``[N, d']`` reference embedding (``.npy`` / ``.npz`` /
             ``.pt``) in which every step's batch is also measured (``reference_*`` entries of
             the history); :class:`Trainer`'s ``reference=`` takes an array or tensor too.
+        guide: path of a fixed ``[N, d']`` guide embedding of the items: the loss gets
+            ``false_negatives=guided_mask(g[idx], g[idx], guide_margin)``, i.e. item j is not
+            a negative of anchor i when ``cos(g_i, g_j) > 1 - guide_margin`` (GISTEmbed's rule
+            with a per-item guide); :class:`Trainer`'s ``guide=`` also takes an array, a
+            tensor or a guide model applied to the two views.
+        guide_margin: the margin of that rule, in [0, 2]; a per-item guide needs it > 0.
     """
 
     epochs: int = 10
@@ -77,6 +83,8 @@ class TrainConfig:
     channels_last: bool = False
     probe_every_eval: bool = True
     reference: str | None = None
+    guide: str | None = None
+    guide_margin: float = 0.0
 
     def __post_init__(self) -> None:
         if self.amp not in (None, "bf16", "fp16"):
@@ -96,6 +104,9 @@ class TrainConfig:
             raise ValueError(f"eval_fraction={self.eval_fraction} must lie strictly between 0 and 1")
         if self.num_workers < 0:
             raise ValueError(f"num_workers={self.num_workers} must be >= 0")
+        if not 0.0 <= float(self.guide_margin) <= 2.0:  # NaN fails too
+            raise ValueError(f"guide_margin={self.guide_margin} must lie in [0, 2] (a cosine "
+                             "margin), e.g. 0.1")
 
 
 @dataclass

@@ -27,6 +27,7 @@ from .checkpoint import (
 )
 from .config import TrainConfig, TrainResult
 from .evaluation import evaluate
+from .guide import check_guide, guide_mask
 
 __all__ = ["Trainer", "train"]
 
@@ -67,6 +68,14 @@ class Trainer:
             ``reference_near_duplicate_rate`` of its batch in it, so runs with different
             samplers compare in one coordinate system (e.g. the starting model's embeddings,
             the same for every run).
+        guide: guided false-negative masks (GISTEmbed; :func:`hardbatch.guided_mask`): a
+            fixed ``[N, d']`` guide embedding of the items (array, tensor or file; default
+            ``config.guide``), or an ``nn.Module`` guide applied without gradient to the two
+            views. The loss is called with ``false_negatives=guided_mask(guide_1, guide_2,
+            config.guide_margin, form=loss form)``. With a per-item embedding both views
+            share the item's row, so j is masked for anchor i when ``cos(g_i, g_j) > 1 -
+            guide_margin`` (``guide_margin`` must then be > 0). The loss must accept
+            ``false_negatives=`` (every hardbatch loss does).
     """
 
     def __init__(self, encoder: nn.Module, loss: nn.Module, sampler, data, labels=None, *,
@@ -74,7 +83,7 @@ class Trainer:
                  augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
                  optimizer=None, eval_data: tuple[torch.Tensor, torch.Tensor] | None = None,
                  config: TrainConfig | None = None, bank: EmbeddingBank | None = None,
-                 reference=None, **overrides) -> None:
+                 reference=None, guide=None, **overrides) -> None:
         config = config or TrainConfig()
         if overrides:
             unknown = sorted(set(overrides) - set(TrainConfig.__dataclass_fields__))
@@ -112,6 +121,8 @@ class Trainer:
             reference = config.reference
         self.reference = (None if reference is None
                           else torch.from_numpy(load_reference(reference, n)))
+        self.guide = check_guide(config.guide if guide is None else guide, n,
+                                 config.guide_margin, self.device)
 
         # the bank fed from the forward pass, and the sampler reading it
         if bank is None and isinstance(getattr(sampler, "source", None), EmbeddingBank):
@@ -206,11 +217,13 @@ class Trainer:
                 f"the model's embeddings contain NaN or inf at step {self.global_step}: training "
                 f"diverged; lower the learning rate (lr={self.config.lr:g}) or check the inputs")
         z1, z2 = z[:len(idx)], z[len(idx):]
+        kw = {}
         if self.config.loss_labels and self.labels is not None:
-            loss = self.loss(z1, z2, labels=self.labels[idx].to(self.device))
-        else:
-            loss = self.loss(z1, z2)
-        return loss, z1
+            kw["labels"] = self.labels[idx].to(self.device)
+        if self.guide is not None:
+            kw["false_negatives"] = guide_mask(self.guide, idx, v1, v2, self.config.guide_margin,
+                                               self.loss).to(z1.device)
+        return self.loss(z1, z2, **kw), z1
 
     def train_step(self, batch, x: torch.Tensor | None = None, views: tuple = ()) -> dict:
         """One optimisation step on ``batch`` (item ids); returns the step's log record.
