@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SimCLR grid on CIFAR-10 (issue 7), in priority order, resumable: every run writes one JSON under
 # $OUT and finished runs are skipped (a per-run lock keeps a second copy of the grid off a running
-# run; a killed run resumes from its per-epoch checkpoint).
+# run; a killed run resumes from its per-epoch checkpoint). This is the earlier B = 256 record
+# of docs/results/vision.md; the batch-size sweep (issue 21) is scripts/vision_sweep.sh.
 #
 #   nohup scripts/vision_grid.sh > results/vision/grid.log 2>&1 &
 #   DATASET=mnist scripts/vision_grid.sh

@@ -24,6 +24,11 @@ class-balanced subset of ``--train-size 10000`` CIFAR-10 training images, 10 epo
 "about one hour" setting; on a GPU ``--arch resnet18`` (auto when CUDA is available) with bf16
 autocast and channels_last.
 
+Batch-size sweeps (issue 21, :mod:`.simclr_budget`): ``--images N`` fixes the training images
+seen (steps = ceil(N / B)), ``--lr-rule sqrt`` scales Adam's lr as sqrt(B / 256), ``--reference
+FILE`` measures every arm's batches in one fixed encoder (``--save-reference FILE`` writes one),
+and every run stores ``pairing`` fingerprints (initial weights, data ids, augmentation stream).
+
 Usage::
 
     hardbatch bench simclr --dataset cifar10 --sampler uniform,proximity --loss infonce \\
@@ -55,6 +60,7 @@ from hardbatch.registry import parse_names
 
 from .. import runs
 from ..factories import LOSS_SETTINGS
+from . import simclr_budget as budget
 
 __all__ = ["DEFAULTS", "add_simclr_parser", "build_parser", "load_images", "main",
            "result_path", "run_one", "run_simclr", "train_subset"]
@@ -63,7 +69,8 @@ DATASETS = ("cifar10", "mnist")
 # what a run with no overrides uses (and the tag-free result file names)
 DEFAULTS = {"epochs": 10, "train_size": 10000, "test_size": 0, "batch_size": 256, "temperature": 0.5,
             "lr": 1e-3, "candidates": 500, "neighbors": 100, "refresh_every": 100,
-            "restart": (0.2, 0.05), "arch": "auto", "bank_init": "encode", "max_steps": None}
+            "restart": (0.2, 0.05), "arch": "auto", "bank_init": "encode", "max_steps": None,
+            "images": None, "lr_rule": "fixed", "lr_reference_batch": 256}
 # the debiasing options of DCL / HCL / SSCL (those a loss takes, see factories.LOSS_SETTINGS)
 LOSS_OPTIONS = {"tau_plus": 0.1, "beta": 1.0}
 
@@ -135,7 +142,9 @@ def _tag(args) -> str:
         return args.tag
     parts = []
     for key, short in (("epochs", "e"), ("train_size", "n"), ("test_size", "t"),
-                       ("batch_size", "b"), ("max_steps", "s")):
+                       ("batch_size", "b"), ("max_steps", "s"), ("images", "i")):
+        if key == "epochs" and args.images is not None:
+            continue  # the image budget sets the epochs
         value = getattr(args, key)
         if value != DEFAULTS[key]:
             parts.append(f"{short}{value}")
@@ -148,6 +157,8 @@ def _tag(args) -> str:
             parts.append(f"{key.replace('_', '')}{getattr(args, key)}")
     if tuple(args.restart) != DEFAULTS["restart"]:
         parts.append(f"restart{args.restart[0]}-{args.restart[1]}")
+    if args.lr_rule != DEFAULTS["lr_rule"]:
+        parts.append(f"lr{args.lr_rule}{args.lr_reference_batch}")
     return "_".join(parts)
 
 
@@ -183,6 +194,12 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
     if device != "cpu":  # batches are gathered on the device: no host-to-device copy per step
         x_train, x_test = x_train.to(device), x_test.to(device)
     steps_per_epoch = math.ceil(n / bsz)
+    epochs, max_steps = args.epochs, args.max_steps
+    if args.images is not None:  # a fixed image budget: steps = ceil(images / B)
+        steps, epochs = budget.plan_steps(args.images, bsz, n)
+        max_steps = min(steps, max_steps) if max_steps else steps
+    total_steps = min(epochs * steps_per_epoch, max_steps or math.inf)
+    lr = budget.scaled_lr(args.lr, bsz, args.lr_rule, args.lr_reference_batch)
     eval_every = args.eval_every or max(1, 2 * steps_per_epoch)
     quantile = args.gcbs_quantile or gcbs_quantile(n, bsz)
     augment = cifar_augment() if args.dataset == "cifar10" else mnist_augment()
@@ -190,6 +207,7 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
     seed_everything(seed)
     encoder = make_encoder(env["arch"], args.dataset)
     head = projection_head(encoder.out_dim, 128)
+    pairing = budget.pairing_record(torch.nn.Sequential(encoder, head), ids, test_ids)
     loss_fn = make_loss(loss_name, args.temperature, **LOSS_OPTIONS,
                         generator=torch.Generator().manual_seed(seed))
     bank = EmbeddingBank(n, 128, seed=seed)
@@ -197,18 +215,27 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
     t0 = time.perf_counter()  # the untrained network's projections (no random numbers drawn)
     untrained = embed(torch.nn.Sequential(encoder, head).to(device), x_train, 1024, device)
     reference = untrained - untrained.mean(dim=0, keepdim=True)  # every arm's reference, centred
+    reference_what = ("projections of the untrained network (the seed's initial weights) of the "
+                      "training images, centred: the same for every sampler and loss of this seed")
+    reference_info = None
+    if args.reference is not None:  # one fixed encoder for every arm, seed and batch size
+        reference, reference_info = budget.load_reference_file(args.reference, ids)
+        reference_what = (f"fixed reference file {reference_info['path']} (sha256 "
+                          f"{reference_info['sha256']}): {reference_info['meta'].get('what', '')}"
+                          ).rstrip(": ")
     reference_s = time.perf_counter() - t0
     bank_init_s = 0.0
     if args.bank_init == "encode" and sampler_name != "uniform" and not ckpt.is_file():
         bank.embeddings.copy_(untrained)  # the first graph from the untrained network
         bank_init_s = reference_s
     sampler = make_sampler(sampler_name, bank, bsz, seed=seed, candidates=cands, neighbors=neigh,
-                           restart=LinearDecay(*args.restart), refresh_every=args.refresh_every,
-                           epochs=args.epochs, quantile=quantile)
-    config = TrainConfig(epochs=args.epochs, lr=args.lr, weight_decay=args.weight_decay,
+                           restart=LinearDecay(*args.restart, total_steps=(
+                               total_steps if args.images is not None else None)),
+                           refresh_every=args.refresh_every, epochs=epochs, quantile=quantile)
+    config = TrainConfig(epochs=epochs, lr=lr, weight_decay=args.weight_decay,
                          seed=seed, eval_every=eval_every, device=device, amp=env["amp"],
                          channels_last=env["channels_last"], probe_every_eval=False,
-                         progress=args.progress, max_steps=args.max_steps,
+                         progress=args.progress, max_steps=max_steps,
                          checkpoint_path=str(ckpt), eval_batch_size=1024)
     trainer = Trainer(encoder, loss_fn, sampler, x_train, y_train, head=head, augment=augment,
                       eval_data=(x_test, y_test), config=config, bank=bank, reference=reference)
@@ -218,6 +245,14 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
         initial.pop("kind", None)
     result = trainer.fit()
     final = result.final
+    # the augmentation random numbers drawn: equal across arms of a seed at the same B
+    pairing["augment_generator_end"] = budget.tensor_digest(trainer.generator.get_state())
+    if args.save_reference:
+        model = torch.nn.Sequential(encoder, head)
+        budget.save_reference(args.save_reference, embed(model, x_train, 1024, device), ids, {
+            "what": (f"projections (128-d, un-augmented) of the {n} training images by the "
+                     f"encoder + head of run {path.name} ({sampler_name} + {loss_name}, seed "
+                     f"{seed}, B {bsz}, {result.steps} steps)"), "run": path.name})
     hist = result.history
     last_epoch = [r for r in hist if r["epoch"] == hist[-1]["epoch"]] if hist else []
     images_per_s = (result.steps * bsz / result.step_seconds if result.step_seconds else math.nan)
@@ -227,8 +262,10 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
         "reference_near_duplicate_rate", "sampler_seconds", "step_seconds")}
     eval_s = sum(e.get("seconds", 0.0) for e in result.evals) + (initial or {}).get("seconds", 0)
     hp = {"dataset": args.dataset, "train_size": n, "test_size": len(y_test),
-          "batch_size": bsz, "epochs": args.epochs, "steps_per_epoch": steps_per_epoch,
-          "max_steps": args.max_steps, "temperature": args.temperature, "lr": args.lr,
+          "batch_size": bsz, "epochs": epochs, "steps_per_epoch": steps_per_epoch,
+          "max_steps": max_steps, "images": args.images, "temperature": args.temperature,
+          "lr": lr, "lr_rule": args.lr_rule, "lr_base": args.lr,
+          "lr_reference_batch": args.lr_reference_batch,
           "weight_decay": args.weight_decay, "optimizer": "Adam",
           "encoder": env["arch"], "feature_dim": encoder.out_dim, "projection": [encoder.out_dim,
                                                                                  encoder.out_dim, 128],
@@ -236,7 +273,8 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
           "channels_last": env["channels_last"], "bank_init": args.bank_init,
           "sampler": {"candidates": cands, "neighbors": neigh, "refresh_every": args.refresh_every,
                       "restart": {"schedule": "LinearDecay", "start": args.restart[0],
-                                  "end": args.restart[1]},
+                                  "end": args.restart[1], "total_steps": (
+                                      total_steps if args.images is not None else None)},
                       "gcbs_quantile": quantile},
           "loss": {"name": loss_name,
                    **{k: v if k in LOSS_SETTINGS[loss_name] else None
@@ -249,6 +287,8 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
     record = {
         "dataset": args.dataset, "sampler": sampler_name, "loss": loss_name, "seed": seed,
         "tag": _tag(args), "config": hp, "steps": result.steps,
+        "images_seen": (result.steps // steps_per_epoch) * n
+                       + (result.steps % steps_per_epoch) * bsz,
         "knn_accuracy": final.get("knn_accuracy"),
         "linear_probe_accuracy": final.get("linear_probe_accuracy"),
         "evals": ([initial] if initial else []) + [
@@ -267,10 +307,9 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
                        "pairs (labels used for diagnostics only); reference_* = the same batch "
                        "in the reference embedding; step_seconds includes the sampler and the "
                        "augmentations"),
-        "reference_diagnostics": runs.reference_summary(
-            trace, "projections of the untrained network (the seed's initial weights) of the "
-                   "training images, centred: the same for every sampler and loss of this seed",
-            NEAR_DUPLICATE),
+        "reference_diagnostics": {**runs.reference_summary(trace, reference_what, NEAR_DUPLICATE),
+                                  "file": reference_info},
+        "pairing": pairing,
         "wall_time_s": time.perf_counter() - t_start,
         "train_time_s": result.step_seconds, "eval_time_s": eval_s, "bank_init_s": bank_init_s,
         "reference_s": reference_s,
@@ -336,6 +375,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="steps between kNN evaluations (default: every 2 epochs)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     p.add_argument("--tag", default=None, help="result-name suffix (default: from overrides)")
+    budget.add_budget_arguments(p)
     runs.add_grid_arguments(p, out="results/vision")
     p.add_argument("--progress", action="store_true", help="progress bar per run")
 

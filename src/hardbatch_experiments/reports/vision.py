@@ -22,6 +22,9 @@ from pathlib import Path
 
 from hardbatch.registry import canonical_loss
 
+from . import vision_sweep
+from .vision_plan import wall_seconds
+from .paired import paired_effect
 from .common import (Progress, diff_se, finite, fmt_mean_std, generated_line, link, n_seeds,
                      page_path, pyplot, read_json, report_parser, save_figure, write_page)
 
@@ -129,13 +132,6 @@ def mean_cell(values, fmt: str = "{:.3f}") -> str:
     return fmt.format(statistics.fmean(values)) if values else "—"
 
 
-def wall_seconds(r: dict) -> float:
-    """Seconds a run took; a resumed run's ``wall_time_s`` covers only its last session."""
-    if r.get("resumed") and r.get("train_time_s") is not None:
-        return r["train_time_s"] + r.get("eval_time_s", 0.0)
-    return r["wall_time_s"]
-
-
 def data_setup(runs: list[dict]) -> list[str]:
     """Per dataset: training / test sizes and the augmentation parameters, from the runs' config."""
     out = ["### Augmentations and data per dataset (from the runs' `config`)", ""]
@@ -188,8 +184,9 @@ def table(runs: list[dict], rows: list[tuple[str, str]]) -> list[str]:
     base_runs = {r["seed"]: r for r in by[("uniform", "infonce")]}
     out = ["| sampler | loss | seeds | kNN acc | Δ kNN vs uniform/InfoNCE | linear acc | "
            "Δ linear | false-neg rate | last-epoch FN rate | hardness | ref. hardness | "
-           "coverage | images/s | sampler / step | wall / run |",
-           "|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "coverage | images/s | sampler / step | wall / run | paired Δ kNN (95% CI) |",
+           "|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    base_knn = {k: r["knn_accuracy"] for k, r in base_runs.items()}
     for s, loss in rows:
         rs = sorted(by[(s, loss)], key=lambda r: r["seed"])
         knn = [r["knn_accuracy"] for r in rs]
@@ -214,8 +211,17 @@ def table(runs: list[dict], rows: list[tuple[str, str]]) -> list[str]:
             f"{mean_cell([r['last_epoch_coverage'] for r in rs])} | "
             f"{mean_cell([r['images_per_second'] for r in rs], '{:.0f}')} | "
             f"{mean_cell([100 * r['sampler_share'] for r in rs], '{:.1f}%')} | "
-            f"{mean_cell([wall_seconds(r) / 60 for r in rs], '{:.1f} min')} |")
+            f"{mean_cell([wall_seconds(r) / 60 for r in rs], '{:.1f} min')} | "
+            f"{paired_cell({r['seed']: r['knn_accuracy'] for r in rs}, base_knn, is_base)} |")
     return out
+
+
+def paired_cell(arm: dict, base: dict, is_base: bool) -> str:
+    """The paired kNN difference by seed (points) with its 95% interval (shared helper)."""
+    if is_base:
+        return "(baseline)"
+    effect = paired_effect(arm, base)
+    return "—" if effect is None else effect.format(2, 100)
 
 
 def per_run(runs: list[dict]) -> list[str]:
@@ -276,17 +282,34 @@ def figure(runs: list[dict], path: Path, dataset: str) -> bool:
     return True
 
 
+def demote(lines: list[str]) -> list[str]:
+    """The earlier record's headings one level down (``#`` -> ``##``), below the sweep."""
+    return ["#" + ln if ln.startswith("#") else ln for ln in lines]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = report_parser("vision", __doc__)
+    ap.add_argument("--sweep", default=None,
+                    help="folder of the batch-size sweep's run JSONs (default RESULTS/sweep)")
     args = ap.parse_args(argv)
     results, out = Path(args.results), page_path(ap, args, "vision")
     progress = Progress("vision")
     progress.step(f"reading {results} ...")
     runs = load(results, progress)
-    lines = ["# SimCLR on CIFAR-10 / MNIST: samplers and losses (issue 7)", "",
-             generated_line("vision", results, f" ({len(runs)} finished runs)"), "",
-             "Accuracies in %, mean ± std over seeds; `k/3`: seeds finished of the 3 planned. "
-             "`—`: no finished run yet.", ""]
+    sweep_dir = Path(args.sweep) if args.sweep else results / "sweep"
+    progress.step(f"batch-size sweep: reading {sweep_dir} ...")
+    sweep_lines, sweep_runs, sweep_missing = vision_sweep.section(sweep_dir, out)
+    lines = ["# SimCLR on CIFAR-10: hard batches across batch sizes (issue 21) and the earlier "
+             "B = 256 record (issue 7)", "",
+             generated_line("vision", results, f" ({sweep_runs} sweep runs, {len(runs)} earlier "
+                                               "runs)"), ""]
+    lines += sweep_lines
+    earlier = ["# Earlier record (issue 7): samplers and losses at B = 256", "",
+               "Accuracies in %, mean ± std over seeds; `k/3`: seeds finished of the 3 planned. "
+               "`—`: no finished run yet. The Δ columns' \"beyond noise\" compares unpaired "
+               "means (the rule of that time); the last column is the paired difference by seed "
+               "with its 95% interval (the rule of the sweep above).", ""]
+    lines += earlier
     datasets = sorted({r["dataset"] for r in runs}) or ["cifar10"]
     untagged = [r for r in runs if not r.get("tag")]
     tagged = [r for r in runs if r.get("tag")]
@@ -308,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["## Every finished run", ""] + per_run(untagged)
     if tagged:
         lines += ["", "## Runs with overrides (tagged; not in the tables)", ""] + per_run(tagged)
-    write_page(out, lines)
+    write_page(out, lines[:len(sweep_lines) + 4] + demote(lines[len(sweep_lines) + 4:]))
+    print(f"[report vision] batch-size sweep: {sweep_runs} runs, {sweep_missing} planned runs "
+          "missing")
     print(progress.summary(out, len(runs), missing_runs(runs)))
     return 0
 

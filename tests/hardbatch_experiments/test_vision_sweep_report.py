@@ -1,0 +1,111 @@
+"""The batch-size sweep section of the vision page (reports/vision_sweep.py): classification of
+runs, paired effects against hand-computed t-intervals, partial grids, the equal-steps view."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from hardbatch_experiments.reports import vision, vision_sweep
+
+T_975_DF2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2)
+
+
+def _run(sampler, loss, seed, b, images, knn, **extra):
+    rec = {"dataset": "cifar10", "sampler": sampler, "loss": loss, "seed": seed,
+           "knn_accuracy": knn, "linear_probe_accuracy": knn + 0.1, "steps": images // b,
+           "images_seen": images, "mean_false_negative_rate": 0.1, "mean_hardness": 0.8,
+           "wall_time_s": 600.0, "tag": f"n8192_b{b}_i{images}_lrsqrt256", "evals": [],
+           "config": {"batch_size": b, "images": images, "lr": 1e-3 * math.sqrt(b / 256)},
+           "reference_diagnostics": {"mean_hardness": 0.5 + (0.1 if sampler == "proximity"
+                                                             else 0.0),
+                                     "mean_near_duplicate_rate": 0.0},
+           "pairing": {"initial_weights": f"w{seed}", "train_ids": "t", "test_ids": "e",
+                       "augment_generator_end": f"a{seed}_{b}_{images}"},
+           "env": {"host": "vm", "cpus": 2, "torch": "2.x", "finished": "now"},
+           "command": "hardbatch bench simclr ..."}
+    rec.update(extra)
+    return rec
+
+
+def _write(folder, runs):
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, r in enumerate(runs):
+        (folder / f"run{i}.json").write_text(json.dumps(r))
+
+
+def test_sweep_effects_are_paired_t_intervals(tmp_path):
+    base = {0: 0.40, 1: 0.45, 2: 0.50}
+    diffs = {0: 0.019, 1: 0.021, 2: 0.020}
+    runs = [_run("uniform", "infonce", s, 64, 81920, v) for s, v in base.items()]
+    runs += [_run("proximity", "infonce", s, 64, 81920, base[s] + diffs[s]) for s in base]
+    runs.append(_run("uniform", "sscl", 0, 64, 81920, 0.5))  # one seed: no interval
+    runs.append(_run("uniform", "infonce", 0, 64, 20480, 0.3))  # equal-steps view
+    runs.append(_run("uniform", "infonce", 0, 64, 1000, 0.3))  # another budget
+    _write(tmp_path, runs)
+    main, equal, other, budget = vision_sweep.classify(vision_sweep.load_sweep(tmp_path))
+    assert budget == 81920 and len(other) == 1 and set(equal) == {("uniform", "infonce")}
+    lines, effects = vision_sweep.effects_table(main)
+    e = effects[(0, 64)]
+    sd = math.sqrt(sum((d - 0.02) ** 2 for d in diffs.values()) / 2)
+    half = T_975_DF2 * sd / math.sqrt(3)
+    assert e.n == 3 and abs(e.mean - 0.02) < 1e-12
+    assert abs(e.lo - (0.02 - half)) < 1e-12 and abs(e.hi - (0.02 + half)) < 1e-12
+    row64 = next(ln for ln in lines if ln.startswith("| 64 |"))
+    assert f"**+2.00 [{100 * (0.02 - half):+.2f}, {100 * (0.02 + half):+.2f}] (n = 3, paired)** " \
+           "(3/0/0)" in row64
+    assert "+10.00 (n = 1, paired; no interval)" in row64  # uniform + SSCL vs the baseline
+    assert next(ln for ln in lines if ln.startswith("| 32 |")).count("—") == 4
+    assert vision_sweep.missing(main, equal) == 60 - 8
+    answer = vision_sweep.answer(effects, main, equal)
+    assert answer[0].startswith("**Answer: pending** — 8 of 60")
+    assert "helps beyond noise at B = 64 (+2.00 [" in answer[1]
+
+
+def test_sweep_section_and_page_render_partial_results(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    res = tmp_path / "results" / "vision"
+    runs = [_run(s, "infonce", seed, 256, 81920, 0.4 + 0.01 * seed + (0.01 if s == "proximity"
+                                                                        else 0))
+            for s in ("uniform", "proximity") for seed in (0, 1)]
+    runs += [_run(s, "infonce", seed, 64, 20480, 0.41) for s in ("uniform", "proximity")
+             for seed in (0, 1)]
+    _write(res / "sweep", runs)
+    _write(res / "sweep" / "reference", [_run("uniform", "infonce", 100, 256, 81920, 0.45)])
+    assert vision.main(["--results", str(res)]) == 0
+    out = capsys.readouterr().out
+    assert "[report vision] batch-size sweep: 8 runs, 52 planned runs missing" in out
+    page = (tmp_path / "out" / "reports" / "vision.md").read_text()
+    assert page.count("\n# ") == 0 and page.startswith("# SimCLR on CIFAR-10")
+    assert "**Answer: pending** — 8 of 60 planned sweep runs finished." in page
+    assert "## Earlier record (issue 7)" in page
+    assert (tmp_path / "out" / "reports" / "figures" / "vision_batch_sweep.png").is_file()
+    equal_row = next(ln for ln in page.splitlines() if ln.startswith("| proximity + InfoNCE | 320"))
+    assert "+0.50 [" in equal_row  # 0.41 vs seeds 0 and 1 of uniform at B = 256 (0.40, 0.41)
+    assert "Reference encoder: `run0.json`" in page
+    assert ("- Equal steps (both with B = 256's step count): proximity + InfoNCE at B = 64 − "
+            "uniform + InfoNCE at B = 256: +0.50 [") in page and "paired), within noise." in page
+    diag = next(ln for ln in page.splitlines()
+                if ln.startswith("| 256 | proximity + InfoNCE | 2 |"))
+    assert "| 0.600 | **+0.100 [+0.100, +0.100] (n = 2, paired)** |" in diag
+    pairing = next(ln for ln in page.splitlines() if ln.startswith("| 0 | 4 |"))
+    assert "1 distinct | 1 distinct | B 64 (20480 img): 1, B 256 (81920 img): 1" in pairing
+
+
+def test_sweep_effect_change_from_small_to_large_batch():
+    """The change of the effect with B is itself paired by seed: (arm - base at B = 32) -
+    (arm - base at B = 256), with the t-interval over seeds (t_0.975,1 = 12.706)."""
+    runs = []
+    for b, diffs in ((32, {0: 0.03, 1: 0.05}), (256, {0: 0.01, 1: 0.01})):
+        for seed, d in diffs.items():
+            runs += [_run("uniform", "infonce", seed, b, 81920, 0.4 + seed / 10),
+                     _run("proximity", "infonce", seed, b, 81920, 0.4 + seed / 10 + d)]
+    for i, r in enumerate(runs):
+        r["_file"] = f"run{i}.json"
+    main, equal, _, _ = vision_sweep.classify(runs)
+    lines, _ = vision_sweep.effects_table(main)
+    change = next(ln for ln in lines if ln.startswith("| effect at B = 32 − effect at B = 256"))
+    half = 12.706204736174698 * math.sqrt(2 * 0.01 ** 2) / math.sqrt(2)
+    assert f"+3.00 [{3 - 100 * half:+.2f}, {3 + 100 * half:+.2f}] (n = 2, paired)" in change
+    pooled = next(ln for ln in lines if ln.startswith("| mean over B"))
+    assert "+2.50 [" in pooled and "(n = 2, paired)" in pooled  # mean of +4.00 and +1.00 (2 B)
