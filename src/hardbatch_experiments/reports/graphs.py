@@ -16,10 +16,34 @@ import math
 import statistics
 from pathlib import Path
 
-from .common import (Progress, diff_se, generated_line, link, mean_std, md_row, md_rule, n_seeds,
-                     page_path, pyplot, report_parser, save_figure, write_page)
-from .graphs_runs import (DATASETS, EXPECTED_SEEDS, LOSSES, PAPER, SAMPLERS, accs, cell, load,
-                          paper_gap, short)
+from .common import (
+    Progress,
+    diff_se,
+    generated_line,
+    link,
+    md_row,
+    md_rule,
+    mean_std,
+    n_seeds,
+    page_path,
+    pyplot,
+    report_parser,
+    save_figure,
+    write_page,
+)
+from .graphs_paired import explore_lines, issue18_lines, record_choice
+from .graphs_runs import (
+    DATASETS,
+    EXPECTED_SEEDS,
+    LOSSES,
+    PAPER,
+    SAMPLERS,
+    accs,
+    cell,
+    load,
+    paper_gap,
+    short,
+)
 
 ROW_NAME = {"uniform": "GraphCL (uniform)", "knn": "+ kNN sampler",
             "proximity": "+ BatchSampler (proximity, RWR)", "gcbs": "+ GCBS"}
@@ -392,7 +416,21 @@ def figures(runs: dict, datasets: list[str], fig_dir: Path, out: Path) -> tuple[
 def main(argv: list[str] | None = None) -> int:
     ap = report_parser("graphs", __doc__)
     ap.add_argument("--figures", default=None, help="default: <out dir>/figures")
+    ap.add_argument("--explore", default=None, metavar="DIR",
+                    help="print the exploration table of DIR (issue 18) instead of the page")
+    ap.add_argument("--choose", action="store_true",
+                    help="with --explore: record the rule's choice in "
+                         "RESULTS/preregistration.json (once; an existing choice is kept)")
     args = ap.parse_args(argv)
+    if args.explore:
+        table, chosen = explore_lines(Path(args.explore))
+        print("\n".join(table))
+        print(f"rule's choice: {chosen['arm']} ({chosen['flags']}, S {chosen['score']:+.2f})"
+              if chosen else "rule's choice: none yet (no complete configuration)")
+        if args.choose and chosen:
+            pre = record_choice(chosen, Path(args.results) / "preregistration.json")
+            print(f"recorded: {pre['chosen']['flags']} at {pre['chosen']['written_at']}")
+        return 0
     results, out = Path(args.results), page_path(ap, args, "graphs")
     fig_dir = Path(args.figures) if args.figures else out.parent / "figures"
     progress = Progress("graphs")
@@ -401,8 +439,12 @@ def main(argv: list[str] | None = None) -> int:
     datasets = DATASETS + sorted({k[0] for k in runs} - set(DATASETS))
     released = {(d, s, loss): recs for (d, tag, s, loss), recs in variants.items()
                 if tag == "augreleased"}
-    lines = ["# GraphCL on TU datasets: samplers and losses (BatchSampler paper, Table 3)", "",
-             generated_line("graphs", results), "",
+    lines = ["# GraphCL on TU datasets: does BatchSampler help? (issue 18)", "",
+             generated_line("graphs", results), "", *issue18_lines(results),
+             "# Exploratory record: samplers and losses (BatchSampler paper, Table 3)", "",
+             "The earlier grid (5 unpaired seeds per cell for InfoNCE, 3 for DCL / HCL, "
+             "`results/graphs/*.json`), kept as the exploratory record: its differences are "
+             "within seed noise and were not pre-registered.", "",
              "Accuracy: 10-fold stratified CV of an RBF SVM (C by inner 5-fold CV over "
              "1e-3..1e3) on frozen 96-d GIN readouts, mean ± std over seeds (std of the per-seed "
              "means). `(k/n)`: only k of the n planned seeds are finished. `—`: no run yet. "

@@ -28,6 +28,14 @@ at every training step. The bank starts from one encoding pass of the untrained 
 graph of a sampler is built from real (if untrained) embeddings; ``--bank-init random`` keeps the
 bank's random init.
 
+How the hard samplers are fed (issue 18; :mod:`.sampling`, defaults = the runs above):
+``--sampler-space readout | projection | centred-readout`` (what the bank stores and the graph
+is built from), ``--warmup-epochs w`` (uniform epochs first, then the bank is re-encoded),
+``--alpha-schedule linear | per-epoch`` (the authors' max(0.05, 0.2 - 0.02 * epoch)) and
+``--epoch-mode steps | coverage`` (walk until every graph is covered, the run capped at the
+uniform step budget). They apply to the non-uniform samplers only and enter their run tag, so
+one uniform run per seed is the baseline of every configuration.
+
 Samplers and losses come from :mod:`hardbatch.registry` (``--sampler`` / ``--loss``: its names,
 comma-separated, or ``all``). The views come from the library,
 :mod:`hardbatch.integrations.pyg_augment` (re-exported here). Modules: :mod:`.model` (GIN encoder,

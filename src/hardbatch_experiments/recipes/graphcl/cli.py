@@ -24,6 +24,7 @@ from .run import (
     run_one,
     run_tag,
 )
+from .sampling import ALPHA_SCHEDULES, EPOCH_MODES, SAMPLER_SPACES, check_options
 
 __all__ = ["COMMAND", "add_graphcl_parser", "build_parser", "main", "run_graphcl"]
 
@@ -55,6 +56,19 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features", choices=("auto", "labels", "degree", "constant"), default="auto")
     p.add_argument("--degree-cap", type=int, default=CLI_DEFAULTS["degree_cap"])
     p.add_argument("--bank-init", choices=("encode", "random"), default="encode")
+    p.add_argument("--sampler-space", choices=SAMPLER_SPACES, default="readout",
+                   help="what the bank (and so the sampler's graph) holds: the readout h "
+                        "(default), the projection z the loss sees, or the readout centred by "
+                        "the bank's mean row at every refresh")
+    p.add_argument("--warmup-epochs", type=int, default=0,
+                   help="uniform batches for this many epochs, then the bank is re-encoded "
+                        "by the current model and the hard sampler takes over (default 0)")
+    p.add_argument("--alpha-schedule", choices=ALPHA_SCHEDULES, default="linear",
+                   help="proximity restart: linear 0.2 -> 0.05 over the run (default) or "
+                        "per-epoch max(0.05, 0.2 - 0.02 * epoch) (the authors' code)")
+    p.add_argument("--epoch-mode", choices=EPOCH_MODES, default="steps",
+                   help="proximity epochs: ceil(N/B) walks (default) or walks until every "
+                        "graph is covered, the run capped at the uniform step budget")
     p.add_argument("--loader", choices=("fast", "pyg"), default="fast",
                    help="fast: vectorised collate from flat tensors; pyg: "
                         "torch_geometric.loader.DataLoader(dataset, batch_sampler=sampler)")
@@ -93,9 +107,10 @@ def run_graphcl(args) -> int:
                   f"{hyper.epochs} epochs, t {hyper.refresh_every}, M {hyper.candidates}, "
                   f"K {hyper.neighbors} (override with --batch-size / --epochs / "
                   "--refresh-every / --candidates / --neighbors)", flush=True)
-        tag = run_tag(args, hyper)
+        check_options(args, samplers, args.epochs or hyper.epochs)
+        tags = {s: run_tag(args, hyper, s) for s in samplers}
         todo = [(s, l, seed) for l in losses for s in samplers for seed in seeds
-                if args.force or not runs.finished(result_path(out, name, s, l, seed, tag))]
+                if args.force or not runs.finished(result_path(out, name, s, l, seed, tags[s]))]
         total = len(samplers) * len(losses) * len(seeds)
         print(f"[graphcl] {name}: {total - len(todo)}/{total} runs done, {len(todo)} to run "
               f"-> {out}", flush=True)
@@ -109,7 +124,7 @@ def run_graphcl(args) -> int:
               f"{dataset.feature_kind} features, {dataset.num_classes} classes "
               f"({time.perf_counter() - t0:.1f}s)", flush=True)
         tally += runs.run_grid(
-            todo, lambda s, l, seed: result_path(out, name, s, l, seed, tag),  # noqa: B023
+            todo, lambda s, l, seed: result_path(out, name, s, l, seed, tags[s]),  # noqa: B023
             lambda s, l, seed, path: run_one(args, dataset, s, l, seed, path),  # noqa: B023
             lambda s, l, seed, rec: _summary(name, s, l, seed, rec),  # noqa: B023 (called now)
             key="accuracy", force=args.force, prefix="[graphcl]")

@@ -20,6 +20,15 @@ from ... import runs
 from ...factories import LOSS_SETTINGS, gcbs_quantile, make_loss, make_sampler
 from .evaluation import C_GRID, evaluate_embeddings
 from .model import GraphCL, embed_all
+from .sampling import (
+    CoverageProximitySampler,
+    centred,
+    encode_space,
+    epoch_coverage,
+    option_tag,
+    restart_schedule,
+    sampler_options,
+)
 
 __all__ = ["ALIASES", "CLI_DEFAULTS", "DEFAULTS", "FALLBACK", "Hyper", "aug_style",
            "canonical_dataset", "hyper_for", "result_path", "run_one", "run_tag"]
@@ -60,8 +69,12 @@ def hyper_for(name: str) -> Hyper:
     return DEFAULTS.get(canonical_dataset(name), FALLBACK)
 
 
-def run_tag(args, hyper: Hyper) -> str:
-    """'' for the paper's configuration, else a short suffix naming what differs."""
+def run_tag(args, hyper: Hyper, sampler: str | None = None) -> str:
+    """'' for the paper's configuration, else a short suffix naming what differs.
+
+    The sampler options of :mod:`.sampling` enter the tag of the samplers they apply to only
+    (``sampler`` None: as for the proximity sampler), so a uniform run is shared by every
+    configuration of its seed."""
     parts = []
     if args.epochs is not None and args.epochs != hyper.epochs:
         parts.append(f"e{args.epochs}")
@@ -91,6 +104,7 @@ def run_tag(args, hyper: Hyper) -> str:
     if changed:
         digest = hashlib.sha1(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:6]
         parts.append(f"h{digest}")
+    parts += option_tag(sampler_options(args, sampler or "proximity"))
     return "-".join(parts)
 
 
@@ -114,7 +128,7 @@ def result_path(out: Path, dataset: str, sampler: str, loss: str, seed: int, tag
 def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: Path,
             log=print) -> dict:
     """Train and evaluate one configuration; writes ``path`` (JSON) and returns the record."""
-    from hardbatch import EmbeddingBank, LinearDecay
+    from hardbatch import EmbeddingBank
     from hardbatch.metrics import (
         NEAR_DUPLICATE,
         batch_false_negative_rate,
@@ -136,7 +150,6 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
     hp = {"batch_size": bsz, "epochs": epochs,
           "refresh_every": args.refresh_every or hyper.refresh_every,
           "candidates": cands, "neighbors": neigh,
-          "restart": {"schedule": "LinearDecay", "start": 0.2, "end": 0.05},
           "gcbs_quantile": gcbs_quantile(n, bsz), "temperature": args.temperature,
           "lr": args.lr, "hidden": 32, "layers": 3, "aug_ratio": args.aug_ratio,
           "augmentations": list(AUGS), "aug_style": aug_style(args), "views": args.views,
@@ -159,7 +172,17 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
                         beta=args.beta, generator=torch.Generator().manual_seed(seed))
     timings = {"bank_init": 0.0, "data": 0.0, "augment": 0.0, "forward_backward": 0.0,
                "metrics": 0.0, "sampler": 0.0, "eval_embed": 0.0, "eval_svm": 0.0}
-    bank = EmbeddingBank(n, model.encoder.out_dim, seed=seed)
+    opts = sampler_options(args, sampler_name)
+    space, warm = opts["sampler_space"], opts["warmup_epochs"]
+    coverage = opts["epoch_mode"] == "coverage"
+    restart, hp["restart"] = restart_schedule(opts, epochs)
+    per_epoch = -(-n // bsz)
+    budget = epochs * per_epoch  # the uniform run's steps: every arm trains this many
+    if sampler_name != "uniform":
+        hp["sampler_options"] = opts
+        if coverage:
+            hp["step_budget"] = budget
+    bank = EmbeddingBank(n, model.encoder.out_dim, seed=seed)  # z has the readout's width
     t0 = time.perf_counter()  # the untrained encoder's readout (no random numbers drawn)
     untrained = embed_all(model, dataset, self_loops=released)
     # The reference of every arm of this seed: that readout, centred (the raw sum readout of an
@@ -167,26 +190,49 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
     reference = untrained - untrained.mean(dim=0, keepdim=True)
     timings["reference"] = time.perf_counter() - t0
     if args.bank_init == "encode" and sampler_name != "uniform":
-        bank.embeddings.copy_(untrained)  # the bank starts from the same encoding pass
+        bank.embeddings.copy_(encode_space(model, untrained, space))  # the same encoding pass
         timings["bank_init"] = timings["reference"]
-    sampler = make_sampler(sampler_name, bank, bsz, seed=seed, candidates=cands, neighbors=neigh,
-                           restart=LinearDecay(0.2, 0.05), refresh_every=hp["refresh_every"],
-                           epochs=epochs, quantile=hp["gcbs_quantile"])
-    if args.loader == "pyg":
-        from torch_geometric.loader import DataLoader as PygLoader
+    source = (lambda: centred(bank.embeddings)) if space == "centred-readout" else bank
 
-        loader = PygLoader(dataset, batch_sampler=sampler)
-    else:
-        loader = torch.utils.data.DataLoader(_IndexDataset(n), batch_sampler=sampler,
-                                             collate_fn=dataset.collate)
+    def build(kind: str):
+        if kind == "warm-up":  # the uniform arm's sampler: the same batches in these epochs
+            return make_sampler("uniform", bank, bsz, seed=seed)
+        if coverage:
+            return CoverageProximitySampler(
+                source, bsz, candidates=cands, neighbors=neigh, restart=restart,
+                refresh_every=hp["refresh_every"], epochs=epochs, seed=seed,
+                budget=budget - warm * per_epoch)
+        return make_sampler(sampler_name, source, bsz, seed=seed, candidates=cands,
+                            neighbors=neigh, restart=restart, refresh_every=hp["refresh_every"],
+                            epochs=epochs, quantile=hp["gcbs_quantile"])
+
+    def loader_of(sampler):
+        if args.loader == "pyg":
+            from torch_geometric.loader import DataLoader as PygLoader
+
+            return PygLoader(dataset, batch_sampler=sampler)
+        return torch.utils.data.DataLoader(_IndexDataset(n), batch_sampler=sampler,
+                                           collate_fn=dataset.collate)
+
+    built: dict = {}  # "warm-up" / "main" -> (sampler, loader)
     labels = dataset.y.numpy()
     trace = {"step": [], "epoch": [], "loss": [], "hardness": [], "false_negative_rate": [],
              "reference_hardness": [], "reference_near_duplicate_rate": []}
-    step = 0
-    epoch_wall, epoch_cpu = [], []
+    step = epoch = 0
+    epoch_wall, epoch_cpu, epoch_steps_list, epoch_cov = [], [], [], []
     model.train()
-    for epoch in range(epochs):
+    while (step < budget) if coverage else (epoch < epochs):
         e_wall, e_cpu = time.perf_counter(), time.process_time()
+        kind = "warm-up" if epoch < warm else "main"
+        if kind not in built:
+            if kind == "main" and warm:  # the hard sampler starts from the current model
+                t0 = time.perf_counter()
+                bank.embeddings.copy_(encode_space(
+                    model, embed_all(model, dataset, self_loops=released), space))
+                timings["bank_init"] += time.perf_counter() - t0
+            made = build(kind)
+            built[kind] = (made, loader_of(made))
+        sampler, loader = built[kind]
         sampler.set_epoch(epoch)
         it = iter(loader)
         epoch_loss, epoch_steps = 0.0, 0
@@ -221,7 +267,7 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
             loss.backward()
             opt.step()
             ids = data.idx
-            bank.update(ids, h1.detach())
+            bank.update(ids, (z1 if space == "projection" else h1).detach())
             t3 = time.perf_counter()
             timings["forward_backward"] += t3 - t2
             lv = float(loss.detach())
@@ -243,10 +289,16 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
             step += 1
         epoch_wall.append(time.perf_counter() - e_wall)
         epoch_cpu.append(time.process_time() - e_cpu)
+        epoch_steps_list.append(epoch_steps)
+        epoch_cov.append(epoch_coverage(sampler))
         if args.verbose:
             log(f"  epoch {epoch + 1}/{epochs} loss {epoch_loss / max(1, epoch_steps):.4f} "
                 f"({time.perf_counter() - t_start:.1f}s)")
-    timings["sampler"] = float(getattr(sampler, "sampler_seconds", 0.0))
+        epoch += 1
+        if not epoch_steps:  # nothing left to draw (cannot happen within the budget)
+            break
+    timings["sampler"] = float(sum(getattr(s, "sampler_seconds", 0.0) for s, _ in
+                                   built.values()))
     timings["data"] -= timings["sampler"]  # data = collation only
     t0 = time.perf_counter()
     emb = embed_all(model, dataset, self_loops=released).numpy().astype(np.float64)
@@ -259,13 +311,14 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
                                            "metrics", "sampler"))
     record = {
         "dataset": name, "sampler": sampler_name, "loss": loss_name, "seed": seed,
-        "tag": run_tag(args, hyper), "config": hp, "num_graphs": n,
+        "tag": run_tag(args, hyper, sampler_name), "config": hp, "num_graphs": n,
         "num_classes": dataset.num_classes, "steps": step,
         "accuracy": ev["accuracy"], "fold_accuracies": ev["fold_accuracies"],
         "chosen_C": ev["chosen_C"],
         "wall_time_s": time.perf_counter() - t_start, "train_time_s": train_time,
         "cpu_time_s": time.process_time() - c_start, "eval_svm_cpu_s": eval_cpu,
         "epoch_wall_s": epoch_wall, "epoch_cpu_s": epoch_cpu,
+        "epochs_run": epoch, "epoch_steps": epoch_steps_list, "epoch_coverage": epoch_cov,
         "timings_s": timings,
         "trace": trace,
         "trace_note": ("per logged step: hardness = mean top-1 negative cosine and "
