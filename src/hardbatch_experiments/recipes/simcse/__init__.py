@@ -38,13 +38,21 @@ under the starting model's embeddings, the batch hardness (mean top-1 negative c
 (share of in-batch pairs with cosine > ``--near-duplicate`` = 0.9, a proxy for false negatives:
 pairs that are paraphrases or copies of each other), plus exact duplicate texts.
 
+``--reinit-layers L`` switches to the non-saturated setting (:mod:`.partial`): MiniLM with its
+top L layers re-initialised (seeded), the lower layers frozen and cached, only the top L trained
+by a plain loop (:mod:`.partial_run`), scored on STS and the STS-B retrieval view
+(:mod:`.retrieval`); :mod:`.probe` measures the starting loss, costs and hardness vs K.
+
 Modules: :mod:`.data` (sentences, starting embeddings, batch diagnostics), :mod:`.run` (one
-run, one plan, the run tag), :mod:`.cli` (``hardbatch bench simcse``, the grid).
+run, one plan, the run tag), :mod:`.cli` (``hardbatch bench simcse``, the grid), :mod:`.partial`,
+:mod:`.partial_run`, :mod:`.retrieval`, :mod:`.probe` (the re-initialised setting).
 
 Usage::
 
     hardbatch bench simcse --sampler default --loss mnrl --seeds 1 --num-sentences 6400
     hardbatch bench simcse --sampler proximity,gcbs --loss infonce --seeds 3 --out results/text
+    hardbatch bench simcse --reinit-layers 1 --sampler proximity --neighbors 10 --lr 5e-4
+    (scripts/text_confirm.sh holds the whole confirmatory grid)
 """
 
 from .cli import add_simcse_parser, build_parser, main, run_simcse

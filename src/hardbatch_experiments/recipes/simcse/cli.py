@@ -15,6 +15,7 @@ from hardbatch.registry import parse_names
 
 from ... import runs
 from .data import read_sentences
+from .partial_run import run_partial
 from .run import MNRL, TAG_DEFAULTS, plan_one, result_path, run_one, run_tag
 
 __all__ = ["COMMAND", "add_simcse_parser", "build_parser", "main", "run_simcse"]
@@ -67,6 +68,22 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--eval-threads", type=int, default=None,
                    help="torch threads for the STS evaluation (default: --threads)")
+    p.add_argument("--reinit-layers", type=int, default=0, metavar="L",
+                   help="re-initialise the top L transformer layers (BERT's init, seeded by the "
+                        "run's seed), freeze and cache the lower ones, train only the top L "
+                        "(the non-saturated setting; default 0: the whole fine-tuned model "
+                        "through SentenceTransformerTrainer)")
+    p.add_argument("--guide-margin", type=float, default=None,
+                   help="with --reinit-layers: guided false-negative masks (hardbatch."
+                        "guided_mask) from --reference-embeddings with this margin")
+    p.add_argument("--input-dropout", type=float, default=0.0,
+                   help="with --reinit-layers: dropout probability on the cached lower-layer "
+                        "states of each view (default 0: dropout only in the trained layers)")
+    p.add_argument("--reference-embeddings", default=str(Path.home() / ".cache" / "hardbatch"
+                                                          / "wiki100000_minilm.npy"),
+                   metavar="NPY",
+                   help="with --reinit-layers: fixed embeddings of the training sentences (the "
+                        "full fine-tuned MiniLM's) for the batch diagnostics and the guide")
     runs.add_grid_arguments(p, out="results/text")
     p.add_argument("--plan-only", action="store_true",
                    help="no training: draw each sampler's batches for the run's steps and write "
@@ -100,6 +117,20 @@ def _check(args) -> None:
         raise ValueError(f"--restart {args.restart} must lie in [0, 1] (BatchSampler: 0.7)")
     if not 0 < args.quantile < 1:
         raise ValueError(f"--quantile {args.quantile} must lie strictly between 0 and 1")
+    if args.reinit_layers and not 1 <= args.reinit_layers <= 6:
+        raise ValueError(f"--reinit-layers {args.reinit_layers} must lie in [1, 6] (MiniLM has "
+                         "6 layers) or be 0 (off)")
+    if args.reinit_layers and args.plan_only:
+        raise ValueError("--plan-only does not apply with --reinit-layers (its graphs are built "
+                         "from the seeded starting model)")
+    if not 0 <= args.input_dropout < 1:
+        raise ValueError(f"--input-dropout {args.input_dropout} must lie in [0, 1)")
+    if args.input_dropout and not args.reinit_layers:
+        raise ValueError("--input-dropout needs --reinit-layers")
+    if args.guide_margin is not None and not args.reinit_layers:
+        raise ValueError("--guide-margin needs --reinit-layers")
+    if args.reinit_layers and not Path(args.reference_embeddings).is_file():
+        raise ValueError(f"--reference-embeddings {args.reference_embeddings} is not a file")
     if args.temperature <= 0:
         raise ValueError(f"--temperature {args.temperature} must be > 0 (SimCSE: 0.05)")
 
@@ -152,8 +183,8 @@ def run_simcse(args) -> int:
     sts_sets = load_sts(sts_dir, limit=args.sts_limit)
     tally += runs.run_grid(
         todo, lambda s, l, seed: result_path(out, s, l, seed, tag),
-        lambda s, l, seed, path: run_one(args, s, l, seed, path, texts, sts_sets,
-                                         _command(args, s, l, seed)),
+        lambda s, l, seed, path: (run_partial if args.reinit_layers else run_one)(
+            args, s, l, seed, path, texts, sts_sets, _command(args, s, l, seed)),
         _summary, key="avg", force=args.force, prefix="[simcse]")
     print(tally.summary("[simcse]"), flush=True)
     return tally.exit_code
@@ -161,6 +192,13 @@ def run_simcse(args) -> int:
 
 def _summary(sampler: str, loss: str, seed: int, rec: dict) -> str:
     d = rec["diagnostics"]
+    if rec.get("benchmark") == "simcse-reinit":
+        return (f"{sampler} seed {seed}: STS avg {rec['avg']:.2f} MRR@10 "
+                f"{rec['retrieval']['mrr@10']:.3f} R@1 {rec['retrieval']['recall@1']:.3f} "
+                f"loss {rec['loss_curve'][0]:.3f}->{rec['loss_curve'][-1]:.3f} wall "
+                f"{rec['wall_time_s']:.0f}s (train {rec['train_time_s']:.0f}s, refresh "
+                f"{rec['refresh_time_s']:.0f}s, eval {rec['eval_time_s']:.0f}s) hardness "
+                f"{d['mean_hardness']:.3f}")
     return (f"{sampler} {loss} seed {seed}: STS avg {rec['avg']:.2f} "
             f"({', '.join(f'{k} {v:.2f}' for k, v in rec['sts'].items())}) "
             f"wall {rec['wall_time_s']:.0f}s (train {rec['train_time_s']:.0f}s, "

@@ -14,11 +14,12 @@ import torch
 
 from hardbatch.metrics import batch_hardness, negative_similarities
 
-__all__ = ["PAIR_THRESHOLDS", "RecordingSampler", "batch_diagnostics", "read_sentences",
-           "starting_embeddings"]
+__all__ = ["PAIR_THRESHOLDS", "RecordingSampler", "batch_diagnostics", "cache_dir",
+           "read_sentences", "starting_embeddings"]
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """``$HARDBATCH_CACHE``, default ``~/.cache/hardbatch``."""
     return Path(os.environ.get("HARDBATCH_CACHE", Path.home() / ".cache" / "hardbatch"))
 
 
@@ -59,7 +60,7 @@ def starting_embeddings(model, texts: list[str], model_name: str, path: str | No
         origin = f"file {path}"
     else:
         key = hashlib.sha1(("\n".join(texts) + "|" + model_name).encode()).hexdigest()[:12]
-        cache = _cache_dir() / "simcse" / f"start_{n}_{key}.npy"
+        cache = cache_dir() / "simcse" / f"start_{n}_{key}.npy"
         if cache.is_file():
             x, origin = np.load(cache).astype(np.float32), f"cache {cache}"
         else:

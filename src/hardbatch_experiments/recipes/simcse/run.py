@@ -29,16 +29,20 @@ MNRL = "mnrl"
 # defaults that do not enter the run tag (others do, through a short hash)
 TAG_DEFAULTS = {"model": "all-MiniLM-L6-v2", "batch_size": 64, "lr": 3e-5, "temperature": 0.05,
                 "max_seq_length": 32, "tau_plus": 0.1, "beta": 1.0, "candidates": 1000,
-                "neighbors": 500, "restart": 0.7, "quantile": 0.999, "refresh_every": None}
+                "neighbors": 500, "restart": 0.7, "quantile": 0.999, "refresh_every": None,
+                "reinit_layers": 0, "guide_margin": None, "input_dropout": 0.0}
 
 
 def run_tag(args) -> str:
     """``nN_stepsS[_stslimitL][_hHASH]``: the size of the run and a hash of the options that
     differ from :data:`TAG_DEFAULTS`."""
     base = f"n{args.num_sentences}_steps{run_steps(args)}"
+    if getattr(args, "reinit_layers", 0):
+        base = f"reinit{args.reinit_layers}_" + base
     if args.sts_limit:
         base += f"_stslimit{args.sts_limit}"
-    changed = {k: getattr(args, k) for k, v in TAG_DEFAULTS.items() if getattr(args, k) != v}
+    changed = {k: getattr(args, k, v) for k, v in TAG_DEFAULTS.items()
+               if getattr(args, k, v) != v}
     if changed:
         digest = hashlib.sha1(json.dumps(changed, sort_keys=True).encode()).hexdigest()[:6]
         base += f"_h{digest}"

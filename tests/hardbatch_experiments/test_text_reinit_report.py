@@ -1,0 +1,41 @@
+"""The re-initialised-MiniLM section of the text page: paired effects from the shared helper,
+"pending" for arms and tables without runs, guided runs as their own arm."""
+
+from __future__ import annotations
+
+import json
+
+from hardbatch_experiments.reports.paired import paired_effect
+from hardbatch_experiments.reports.text_reinit import arm_of, reinit_section
+
+
+def _run(sampler, seed, avg, mrr, guide=None):
+    return {"benchmark": "simcse-reinit", "sampler": sampler, "loss": "mnrl", "seed": seed,
+            "avg": avg, "retrieval": {"mrr@10": mrr, "recall@1": mrr / 2},
+            "config": {"guide_margin": guide}, "diagnostics": {"mean_hardness": 0.3},
+            "loss_curve": [0.5, 0.1], "loss_curve_chunk": 30, "train_time_s": 60.0, "refresh_time_s": 0.0,
+            "eval_time_s": 60.0, "wall_time_s": 130.0, "env": {"finished": f"t{seed}"},
+            "command": f"hardbatch bench simcse --sampler {sampler} --seed-list {seed}"}
+
+
+def test_reinit_section_pairs_by_seed(tmp_path):
+    folder = tmp_path / "reinit"
+    folder.mkdir()
+    base = {1: 60.0, 2: 61.0, 3: 59.5}
+    prox = {1: 61.0, 2: 61.5, 3: 61.0}
+    for s, v in base.items():
+        (folder / f"d{s}.json").write_text(json.dumps(_run("default", s, v, 0.5)))
+    for s, v in prox.items():
+        (folder / f"p{s}.json").write_text(json.dumps(_run("proximity", s, v, 0.6)))
+    (folder / "g1.json").write_text(json.dumps(_run("proximity", 1, 62.0, 0.6, guide=0.5)))
+    text = "\n".join(reinit_section(tmp_path))
+    assert paired_effect(prox, base).format(2) in text
+    assert "+10.00 [+10.00, +10.00] (n = 3, paired)" in text  # MRR@10 x 100, constant diff
+    assert "proximity + guided false-negative masks" in text and "no interval" in text
+    assert "Pending arms: uniform, knn, gcbs" in text
+    assert "pending (`python -m hardbatch_experiments.recipes.simcse.probe start`)" in text
+    assert "### Pilot runs (exploration, seed 0)\n\npending" in text
+    assert "proximity +1.00 [-0.24, +2.24] (n = 3, paired): within noise" in text  # verdict
+    assert "proximity+guided +" not in text.split("### Verdict")[1]  # n = 1: no verdict
+    assert "Training loss" in text and "proximity: 0.5 (steps 1-30)" in text
+    assert arm_of(_run("proximity", 1, 0, 0, guide=0.5)) == "proximity+guided"
