@@ -44,13 +44,9 @@ worker() {
   return $rc
 }
 
-pids=()
-for ((w = 0; w < WORKERS; w++)); do
-  (worker 2>&1 | sed -u "s/^/[w$w] /") &
-  pids+=($!)
-  sleep 5
-done
+# shellcheck source=scripts/_workers.sh
+source scripts/_workers.sh
 status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+run_workers "$WORKERS" || status=1
 python scripts/report_graphs.py --in-place || true
 exit $status

@@ -71,14 +71,10 @@ worker() {
   return $rc
 }
 
-pids=()
-for ((w = 0; w < WORKERS; w++)); do
-  (worker 2>&1 | sed -u "s/^/[w$w] /") &
-  pids+=($!)
-  sleep 5
-done
+# shellcheck source=scripts/_workers.sh
+source scripts/_workers.sh
 status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+run_workers "$WORKERS" || status=1
 [[ -z "${DRY:-}" ]] && { python scripts/report_vision.py --in-place || true; }
 echo "[vision_sweep] $(date -u +%H:%M:%S) done (exit $status)"
 exit $status
