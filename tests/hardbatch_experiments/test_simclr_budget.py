@@ -117,3 +117,24 @@ def test_bench_simclr_budget_bad_input(data_root, tmp_path, capsys):
         main(base + ["--lr-rule", "linear"])
     assert "--lr-rule" in capsys.readouterr().err
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_bench_simclr_guided_false_negatives(data_root, tmp_path, capsys):
+    """--guide FILE: Trainer(guide=) masks pairs whose guide cosine exceeds 1 - margin; the
+    run's tag and record name the guide, and its margin is checked."""
+    ref = tmp_path / "ref" / "reference.pt"
+    _run(data_root, tmp_path / "ref", "--sampler", "uniform", "--batch-size", "64", "--images",
+         "128", "--seed-list", "100", "--save-reference", str(ref))
+    out = tmp_path / "guided"
+    _run(data_root, out, "--sampler", "uniform", "--batch-size", "32", "--images", "96",
+         "--seed-list", "0", "--guide", str(ref), "--guide-margin", "0.3")
+    (name, rec), = _records(out).items()
+    assert "_guide0.3" in name and rec["config"]["guide"]["margin"] == 0.3
+    assert rec["config"]["guide"]["path"] == str(ref)
+    from hardbatch.cli import main
+
+    assert main(["bench", "simclr", "--dataset", "mnist", "--data-dir", str(data_root),
+                 "--train-size", "256", "--test-size", "100", "--batch-size", "32",
+                 "--sampler", "uniform", "--images", "64", "--out", str(tmp_path / "bad"),
+                 "--guide", str(ref), "--guide-margin", "0"]) == 2
+    assert "guide_margin=0" in capsys.readouterr().err

@@ -159,6 +159,8 @@ def _tag(args) -> str:
         parts.append(f"restart{args.restart[0]}-{args.restart[1]}")
     if args.lr_rule != DEFAULTS["lr_rule"]:
         parts.append(f"lr{args.lr_rule}{args.lr_reference_batch}")
+    if getattr(args, "guide", None) is not None:
+        parts.append(f"guide{args.guide_margin:g}")
     return "_".join(parts)
 
 
@@ -223,6 +225,10 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
         reference_what = (f"fixed reference file {reference_info['path']} (sha256 "
                           f"{reference_info['sha256']}): {reference_info['meta'].get('what', '')}"
                           ).rstrip(": ")
+    guide, guide_info = None, None
+    if args.guide is not None:  # guided false-negative masks from a fixed embedding
+        guide, guide_info = budget.load_reference_file(args.guide, ids, flag="--guide")
+        guide_info["margin"] = args.guide_margin
     reference_s = time.perf_counter() - t0
     bank_init_s = 0.0
     if args.bank_init == "encode" and sampler_name != "uniform" and not ckpt.is_file():
@@ -238,7 +244,8 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
                          progress=args.progress, max_steps=max_steps,
                          checkpoint_path=str(ckpt), eval_batch_size=1024)
     trainer = Trainer(encoder, loss_fn, sampler, x_train, y_train, head=head, augment=augment,
-                      eval_data=(x_test, y_test), config=config, bank=bank, reference=reference)
+                      eval_data=(x_test, y_test), config=config, bank=bank, reference=reference,
+                      guide=guide, guide_margin=args.guide_margin)
     initial = None
     if not ckpt.is_file():
         initial = {"step": 0, "epoch": 0, **trainer.evaluate(probe=False)}
@@ -265,7 +272,7 @@ def run_one(args, data, sampler_name: str, loss_name: str, seed: int, path: Path
           "batch_size": bsz, "epochs": epochs, "steps_per_epoch": steps_per_epoch,
           "max_steps": max_steps, "images": args.images, "temperature": args.temperature,
           "lr": lr, "lr_rule": args.lr_rule, "lr_base": args.lr,
-          "lr_reference_batch": args.lr_reference_batch,
+          "lr_reference_batch": args.lr_reference_batch, "guide": guide_info,
           "weight_decay": args.weight_decay, "optimizer": "Adam",
           "encoder": env["arch"], "feature_dim": encoder.out_dim, "projection": [encoder.out_dim,
                                                                                  encoder.out_dim, 128],

@@ -99,15 +99,17 @@ def save_reference(path: Path | str, embeddings: torch.Tensor, ids: torch.Tensor
     return path
 
 
-def load_reference_file(path: Path | str, ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def load_reference_file(path: Path | str, ids: torch.Tensor,
+                        flag: str = "--reference") -> tuple[torch.Tensor, dict]:
     """``(embeddings [n, d] float32, info)`` from a :func:`save_reference` file (or any
     ``[n, d]`` ``.npy`` / ``.npz`` / ``.pt`` file); ``ids`` are the run's training subset ids,
-    which a file with ``ids`` must match. ``info``: path, SHA-256 prefix, shape and ``meta``."""
+    which a file with ``ids`` must match. ``info``: path, SHA-256 prefix, shape and ``meta``.
+    ``flag``: the option errors name (``--reference`` or ``--guide``)."""
     from hardbatch.metrics import load_reference
 
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--reference {path}: no such file (make one with "
+        raise FileNotFoundError(f"{flag} {path}: no such file (make one with "
                                 "--save-reference, see scripts/vision_sweep.sh)")
     meta: dict = {}
     if path.suffix in (".pt", ".pth"):
@@ -116,17 +118,17 @@ def load_reference_file(path: Path | str, ids: torch.Tensor) -> tuple[torch.Tens
             meta = dict(blob.get("meta") or {})
             stored = blob.get("ids")
             if stored is not None and not torch.equal(torch.as_tensor(stored).long(), ids.long()):
-                raise ValueError(f"--reference {path} was made for another training subset "
+                raise ValueError(f"{flag} {path} was made for another training subset "
                                  f"({len(stored)} ids, not the run's {len(ids)}); rebuild it "
                                  "with the run's --train-size")
-    x = torch.from_numpy(load_reference(str(path), len(ids), name="--reference"))
+    x = torch.from_numpy(load_reference(str(path), len(ids), name=flag))
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     return x, {"path": str(path), "sha256": digest, "shape": list(x.shape), "meta": meta}
 
 
 def add_budget_arguments(p: argparse.ArgumentParser) -> None:
-    """``--images``, ``--lr-rule``, ``--lr-reference-batch``, ``--reference``,
-    ``--save-reference`` (see the module docstring)."""
+    """``--images``, ``--lr-rule``, ``--lr-reference-batch``, ``--reference``, ``--guide``,
+    ``--guide-margin``, ``--save-reference`` (see the module docstring)."""
     p.add_argument("--images", type=positive_int, default=None,
                    help="training images seen per run (steps = ceil(IMAGES / B); overrides "
                         "--epochs; default: --epochs epochs)")
@@ -139,6 +141,12 @@ def add_budget_arguments(p: argparse.ArgumentParser) -> None:
                    help="fixed reference embedding of the training subset (.pt / .npy / .npz, "
                         "[n, d]) shared by every arm for the batch diagnostics (default: the "
                         "untrained network of the run's seed)")
+    p.add_argument("--guide", default=None,
+                   help="guided false-negative masks: a fixed embedding of the training subset "
+                        "(same formats as --reference); item j is no negative of anchor i when "
+                        "their guide cosine exceeds 1 - --guide-margin (Trainer(guide=))")
+    p.add_argument("--guide-margin", type=float, default=0.1,
+                   help="margin of --guide's rule, in (0, 2] (default 0.1)")
     p.add_argument("--save-reference", default=None,
                    help="after training, write the projections of the training subset to this "
                         ".pt file (a reference encoder for other runs)")

@@ -50,8 +50,9 @@ PROTOCOL = """### Protocol (written down before the sweep's results)
   i.e. every 8,192 / B steps) + InfoNCE, uniform + SSCL, proximity + SSCL (SSCL: beta 1, tau+ 0.1,
   32 hardest, 8 synthetic). No guided `false_negatives` arm yet: when the sweep was planned
   `hardbatch.train.Trainer` could not pass a guide's mask to the loss; it can now
-  (`Trainer(guide=, guide_margin=)`), and a guided arm (the reference encoder as guide, its
-  margin chosen on seed 100) is the next addition, not part of the runs above.
+  (`Trainer(guide=, guide_margin=)`; the recipe's `--guide FILE --guide-margin m`), and a
+  guided arm (the reference encoder as guide, its margin chosen on seed 100) is the next
+  addition, not part of the runs above.
 - Pairing: seed k gives, in every arm and at every B, the same initial weights
   (`seed_everything(k)` before the encoder is built), the same training subset and test set,
   and the same augmentation random numbers (the trainer's generator, seeded with k, draws the
