@@ -22,7 +22,7 @@ from .losses import (
     sscl_loss,
 )
 from .samplers import GCBSSampler, KNNBatchSampler, ProximityGraphSampler, UniformBatchSampler
-from .schedules import LinearDecay
+from .schedules import EpochStepDecay, LinearDecay
 from .walks import walk_batches
 from . import registry  # noqa: F401  (names and factories: hb.registry.make_sampler)
 
@@ -37,6 +37,7 @@ __all__ = [
     "IndexedDataset",
     "InfoNCE",
     "KNNBatchSampler",
+    "EpochStepDecay",
     "LinearDecay",
     "ProximityGraphSampler",
     "SSCLLoss",

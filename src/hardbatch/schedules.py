@@ -38,3 +38,34 @@ class LinearDecay:
         """Alpha at ``progress`` in [0, 1] (clipped)."""
         p = min(1.0, max(0.0, float(progress)))
         return float(self.start + (self.end - self.start) * p)
+
+
+@dataclass(frozen=True)
+class EpochStepDecay:
+    """Alpha lowered by ``step`` at every epoch, never below ``floor``: ``max(floor, start -
+    step * epoch)``.
+
+    The restart schedule of BatchSampler's released code (0.2 - 0.02 * epoch, floored at 0.05:
+    alpha is 0.05 from epoch 8 on), where :class:`LinearDecay` is the paper's text (linear
+    over the whole run). The sampler passes the epoch itself (``per_epoch``), so no
+    ``epochs=`` or ``total_steps`` is needed.
+    """
+
+    start: float = 0.2
+    step: float = 0.02
+    floor: float = 0.05
+    per_epoch = True  # ProximityGraphSampler calls at_epoch(epoch) instead of (progress)
+
+    def __post_init__(self) -> None:
+        for name in ("start", "floor"):
+            value = getattr(self, name)
+            if not 0.0 <= float(value) < 1.0:
+                raise ValueError(f"EpochStepDecay {name}={value} must lie in [0, 1) (a restart "
+                                 "probability of 1 never leaves the start item)")
+        if not float(self.step) >= 0.0:
+            raise ValueError(f"EpochStepDecay step={self.step} must be >= 0 (the decrease per "
+                             "epoch)")
+
+    def at_epoch(self, epoch: int) -> float:
+        """Alpha during epoch ``epoch`` (0-based)."""
+        return float(max(self.floor, self.start - self.step * int(epoch)))

@@ -35,7 +35,8 @@ class ProximityGraphSampler(AnchoredSampler):
         candidates: M, candidate pool per item (paper: 500-1000).
         neighbors: K, neighbours kept (paper: 100; 50 for MUTAG, 500 for text).
         restart: RWR restart probability alpha in [0, 1), a number or a schedule such
-            as ``LinearDecay(0.2, 0.05)`` (the paper's best). (alpha = 1 would never
+            as ``LinearDecay(0.2, 0.05)`` (the paper's best) or ``EpochStepDecay()`` (the
+            released code's 0.2 - 0.02 * epoch, floored at 0.05). (alpha = 1 would never
             leave the start node; ``KNNBatchSampler`` gives an anchor's nearest items.)
         walk: ``"rwr"`` (default), ``"rw"``, ``"bfs"`` or ``"dfs"``.
         graph: ``"proximity"`` or ``"knn"`` (ablation: exact K nearest).
@@ -103,9 +104,11 @@ class ProximityGraphSampler(AnchoredSampler):
         self.progress = progress
         if walk not in WALKS:
             raise ValueError(f"walk={walk!r} must be one of {sorted(WALKS)}")
-        if not callable(restart):
+        if getattr(restart, "per_epoch", False):  # EpochStepDecay: checked when built
+            pass
+        elif not callable(restart):
             restart = check_restart(restart, expected="a number in [0, 1) or a schedule such "
-                                    "as LinearDecay(0.2, 0.05)")
+                                    "as LinearDecay(0.2, 0.05) or EpochStepDecay()")
         else:
             if isinstance(restart, LinearDecay):  # any other schedule is checked per batch
                 check_restart(restart.start, "restart=LinearDecay(...) start")
@@ -161,6 +164,9 @@ class ProximityGraphSampler(AnchoredSampler):
         """
         if isinstance(self.restart, float):
             return self.restart
+        if getattr(self.restart, "per_epoch", False):  # e.g. EpochStepDecay
+            return check_restart(float(self.restart.at_epoch(epoch)),
+                                 f"restart (schedule value at epoch {epoch})")
         total_steps = getattr(self.restart, "total_steps", None)
         if total_steps:
             progress = (epoch * len(self) + index // self.plan_width) / total_steps

@@ -26,6 +26,26 @@ def test_linear_decay_schedule_progress(emb):
         hb.LinearDecay(1.5, 0.1)
 
 
+def test_epoch_step_decay_is_the_released_code_schedule(emb):
+    """alpha = max(0.05, 0.2 - 0.02 * epoch) per epoch, no epochs= needed; an epoch's batches
+    equal those of a constant restart with that epoch's alpha."""
+    sched = hb.EpochStepDecay()
+    s = hb.ProximityGraphSampler(emb, B, 200, 20, restart=sched, refresh_every=None, seed=4)
+    for epoch in (0, 1, 3, 7, 8, 30):
+        want = max(0.05, 0.2 - 0.02 * epoch)
+        assert s.restart_at(epoch, 0) == s.restart_at(epoch, len(s) - 1) == pytest.approx(want)
+    for epoch in (2, 9):
+        const = hb.ProximityGraphSampler(emb, B, 200, 20, restart=sched.at_epoch(epoch),
+                                         refresh_every=None, seed=4)
+        s.set_epoch(epoch)
+        const.set_epoch(epoch)
+        assert [list(b) for b in s] == [list(b) for b in const]
+    with pytest.raises(ValueError, match="floor=1.0 must lie in"):
+        hb.EpochStepDecay(floor=1.0)
+    with pytest.raises(ValueError, match="step=-0.1 must be >= 0"):
+        hb.EpochStepDecay(step=-0.1)
+
+
 def test_coverage_and_fresh_starts(emb):
     s = hb.ProximityGraphSampler(emb, B, 200, 20, restart=0.2)
     seen = set()
