@@ -28,6 +28,18 @@ AUGS = AUGMENTATIONS  # the recipe's short name
 
 
 @njit(cache=True)
+def _push_neighbours(v, rowptr, col, node_keep, in_pool, scratch, pool):
+    """Append v's neighbours that are neither kept nor pooled to ``scratch[pool:]``; new pool size."""
+    for e in range(rowptr[v], rowptr[v + 1]):
+        w = col[e]
+        if not node_keep[w] and not in_pool[w]:
+            in_pool[w] = True
+            scratch[pool] = w
+            pool += 1
+    return pool
+
+
+@njit(cache=True)
 def _augment_kernel(ptr, rowptr, col, choice, ratio, seed):
     """Per graph g (nodes ptr[g]..ptr[g+1], CSR rows sorted by column): choice 0 drops
     floor(ratio n) nodes, 1 removes floor(ratio m) of the m undirected edges, 2 masks
@@ -104,13 +116,8 @@ def _augment_kernel(ptr, rowptr, col, choice, ratio, seed):
             start = a + rand_below(state, cnt)
             node_keep[start] = True
             kept = 1
-            pool = 0  # scratch[:pool]: candidate neighbours of the kept set
-            for e in range(rowptr[start], rowptr[start + 1]):
-                v = col[e]
-                if not node_keep[v] and not in_pool[v]:
-                    in_pool[v] = True
-                    scratch[pool] = v
-                    pool += 1
+            # scratch[:pool]: candidate neighbours of the kept set
+            pool = _push_neighbours(start, rowptr, col, node_keep, in_pool, scratch, 0)
             while kept < target and pool > 0:
                 j = rand_below(state, pool)
                 v = scratch[j]
@@ -119,12 +126,7 @@ def _augment_kernel(ptr, rowptr, col, choice, ratio, seed):
                 in_pool[v] = False
                 node_keep[v] = True
                 kept += 1
-                for e in range(rowptr[v], rowptr[v + 1]):
-                    w = col[e]
-                    if not node_keep[w] and not in_pool[w]:
-                        in_pool[w] = True
-                        scratch[pool] = w
-                        pool += 1
+                pool = _push_neighbours(v, rowptr, col, node_keep, in_pool, scratch, pool)
             for i in range(pool):
                 in_pool[scratch[i]] = False
     return node_keep, edge_keep, masked

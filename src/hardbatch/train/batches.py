@@ -3,7 +3,7 @@ what a step logs about its batch (:func:`batch_diagnostics`).
 
 * tensor data: the sampler's ids index the ``[N, ...]`` tensor directly;
 * a dataset: a ``DataLoader`` over the sampler (``batch_sampler=``). Items that are inputs (or
-  ``(input, label, ...)`` tuples) are wrapped by :class:`InputsWithIndex` as ``(index,
+  ``(input, label, ...)`` tuples) are wrapped as ``IndexedDataset(data, views=1)``: ``(index,
   input)``; items that already carry their index, ``(index, view1, view2)`` (a
   :class:`hardbatch.IndexedDataset`, or any dataset whose items 0 and 1 start with 0 and 1),
   are used as they are: the views are the dataset's, and every batch is checked by
@@ -19,10 +19,10 @@ from collections.abc import Iterator
 
 import torch
 
-from ..data import indexed_batch
+from ..data import IndexedDataset, indexed_batch
 from ..metrics import batch_false_negative_rate, batch_hardness, batch_stats
 
-__all__ = ["REFERENCE_KEYS", "InputsWithIndex", "batch_diagnostics", "first_inputs",
+__all__ = ["REFERENCE_KEYS", "batch_diagnostics", "first_inputs",
            "loader_batches", "skip_on_every_rank"]
 
 #: What a step logs about its batch in the reference embedding (``Trainer(reference=...)``).
@@ -30,28 +30,12 @@ REFERENCE_KEYS = ("reference_hardness", "reference_mean_negative_similarity",
                   "reference_near_duplicate_rate")
 
 
-class InputsWithIndex(torch.utils.data.Dataset):
-    """Wraps a dataset so that items come with their index (and only the input)."""
-
-    def __init__(self, dataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, i):
-        item = self.dataset[i]
-        if isinstance(item, (tuple, list)):
-            item = item[0]
-        return i, item
-
-
 def first_inputs(data, indexed: bool, count: int = 2) -> torch.Tensor:
     """The inputs of the first ``count`` items of a dataset, stacked (the first view of
     ``indexed`` items, see :func:`hardbatch.data.looks_indexed`)."""
     if indexed:
         return torch.stack([torch.as_tensor(data[i][1]) for i in range(count)])
-    wrapped = InputsWithIndex(data)
+    wrapped = IndexedDataset(data, views=1)
     return torch.stack([torch.as_tensor(wrapped[i][1]) for i in range(count)])
 
 
@@ -62,7 +46,7 @@ def loader_batches(data, sampler, num_workers: int, generator: torch.Generator,
     :func:`hardbatch.data.looks_indexed`) with two or more views, ``x = None`` and
     ``views = (view1, view2)``."""
     loader = torch.utils.data.DataLoader(
-        data if indexed else InputsWithIndex(data), batch_sampler=sampler,
+        data if indexed else IndexedDataset(data, views=1), batch_sampler=sampler,
         num_workers=num_workers, generator=generator)
     for batch in loader:
         if not indexed:

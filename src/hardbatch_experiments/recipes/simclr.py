@@ -159,7 +159,7 @@ def _tag(args) -> str:
         parts.append(f"restart{args.restart[0]}-{args.restart[1]}")
     if args.lr_rule != DEFAULTS["lr_rule"]:
         parts.append(f"lr{args.lr_rule}{args.lr_reference_batch}")
-    if getattr(args, "guide", None) is not None:
+    if args.guide is not None:
         parts.append(f"guide{args.guide_margin:g}")
     return "_".join(parts)
 
