@@ -14,7 +14,8 @@
 #   WORKERS=2 SEEDS="0 1 2 3 4" scripts/vision_sweep.sh      # more seeds, two workers
 #   DRY=1 scripts/vision_sweep.sh                            # list the commands only
 #
-# Env: OUT (results/vision/sweep), SEEDS ("0 1 2"), WORKERS (1), TRAIN (8192 training images, a
+# Env: OUT (results/vision/sweep), SEEDS ("0 1 2"), WORKERS (1), GUIDED_BATCHES ("64 32"),
+#      MARGIN (guided arm; default: the chosen margin), TRAIN (8192 training images, a
 #      multiple of every B), IMAGES (81920 = 10 epochs of TRAIN), DATA_DIR, EXTRA (more
 #      arguments for every run), DRY (print the commands, run nothing).
 # After every run the script refreshes docs/results/vision.md (report --in-place); it exits 1
@@ -29,6 +30,11 @@ IMAGES=${IMAGES:-81920}
 REF=${REF:-$OUT/reference/reference_uniform_infonce_b256_seed100.pt}
 ARMS=("uniform infonce" "proximity infonce" "uniform sscl" "proximity sscl")
 BATCHES=(256 128 64 32)
+# guided arm: proximity + InfoNCE with guided false-negative masks (the reference encoder as
+# guide), at the small batch sizes only; its margin was chosen before any guided run by
+# scripts/vision_guide_margin.py (results/vision/sweep/guide_margin.json)
+GUIDED_BATCHES=(${GUIDED_BATCHES:-64 32})
+MARGIN=${MARGIN:-$(python -c 'import json; print(json.load(open("results/vision/sweep/guide_margin.json"))["chosen_margin"])' 2>/dev/null)}
 COMMON=(--dataset cifar10 --train-size "$TRAIN" --lr 1e-3 --lr-rule sqrt --lr-reference-batch 256
         --temperature 0.5 --threads 1)
 [[ -n "${DATA_DIR:-}" ]] && COMMON+=(--data-dir "$DATA_DIR")
@@ -40,12 +46,12 @@ bench() {  # arguments of hardbatch bench simclr
   python -m hardbatch bench simclr "$@" ${EXTRA:-}
 }
 
-run() {  # sampler loss seed batch images
+run() {  # sampler loss seed batch images [more arguments]
   # the proximity graph is rebuilt once per epoch of the training subset (TRAIN / B steps)
   # kNN evaluation before training, every 5 epochs (half-way) and at the end (+ linear probe)
   bench "${COMMON[@]}" --sampler "$1" --loss "$2" --seed-list "$3" --batch-size "$4" \
     --images "$5" --refresh-every $((TRAIN / $4)) --eval-every $((5 * TRAIN / $4)) \
-    --reference "$REF" --out "$OUT"
+    --reference "$REF" --out "$OUT" "${@:6}"
   local rc=$?
   [[ -z "${DRY:-}" ]] && { python scripts/report_vision.py --in-place > /dev/null 2>&1 || true; }
   return $rc
@@ -67,6 +73,11 @@ worker() {
     done
     # equal steps: B = 64 at B = 256's step count (IMAGES / 4 images), vs the B = 256 runs above
     for arm in "${ARMS[@]}"; do run $arm "$seed" 64 $((IMAGES / 4)) || rc=1; done
+    if [[ -n "$MARGIN" ]]; then
+      for b in "${GUIDED_BATCHES[@]}"; do
+        run proximity infonce "$seed" "$b" "$IMAGES" --guide "$REF" --guide-margin "$MARGIN" || rc=1
+      done
+    fi
   done
   return $rc
 }

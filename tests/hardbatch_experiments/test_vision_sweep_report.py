@@ -56,9 +56,9 @@ def test_sweep_effects_are_paired_t_intervals(tmp_path):
            "(3/0/0)" in row64
     assert "+10.00 (n = 1, paired; no interval)" in row64  # uniform + SSCL vs the baseline
     assert next(ln for ln in lines if ln.startswith("| 32 |")).count("—") == 4
-    assert vision_sweep.missing(main, equal) == 60 - 8
+    assert vision_sweep.missing(main, equal) == 66 - 8
     answer = vision_sweep.answer(effects, main, equal)
-    assert answer[0].startswith("**Answer: pending** — 8 of 60")
+    assert answer[0].startswith("**Answer: pending** — 8 of 66")
     assert "helps beyond noise at B = 64 (+2.00 [" in answer[1]
 
 
@@ -74,10 +74,10 @@ def test_sweep_section_and_page_render_partial_results(tmp_path, monkeypatch, ca
     _write(res / "sweep" / "reference", [_run("uniform", "infonce", 100, 256, 81920, 0.45)])
     assert vision.main(["--results", str(res)]) == 0
     out = capsys.readouterr().out
-    assert "[report vision] batch-size sweep: 8 runs, 52 planned runs missing" in out
+    assert "[report vision] batch-size sweep: 8 runs, 58 planned runs missing" in out
     page = (tmp_path / "out" / "reports" / "vision.md").read_text()
     assert page.count("\n# ") == 0 and page.startswith("# SimCLR on CIFAR-10")
-    assert "**Answer: pending** — 8 of 60 planned sweep runs finished." in page
+    assert "**Answer: pending** — 8 of 66 planned sweep runs finished." in page
     assert "## Earlier record (issue 7)" in page
     assert (tmp_path / "out" / "reports" / "figures" / "vision_batch_sweep.png").is_file()
     equal_row = next(ln for ln in page.splitlines() if ln.startswith("| proximity + InfoNCE | 320"))
@@ -109,3 +109,29 @@ def test_sweep_effect_change_from_small_to_large_batch():
     assert f"+3.00 [{3 - 100 * half:+.2f}, {3 + 100 * half:+.2f}] (n = 2, paired)" in change
     pooled = next(ln for ln in lines if ln.startswith("| mean over B"))
     assert "+2.50 [" in pooled and "(n = 2, paired)" in pooled  # mean of +4.00 and +1.00 (2 B)
+
+
+def test_guided_runs_are_their_own_arm_paired_with_the_unguided_ones(tmp_path):
+    guide = {"path": "ref.pt", "margin": 0.05}
+    runs = [_run("uniform", "infonce", s, 64, 81920, 0.40 + s / 100) for s in (0, 1)]
+    runs += [_run("proximity", "infonce", s, 64, 81920, 0.41 + s / 100) for s in (0, 1)]
+    runs += [_run("proximity", "infonce", s, 64, 81920, 0.43 + s / 100 + (0.01 if s else 0),
+                  config={"batch_size": 64, "images": 81920, "lr": 5e-4, "guide": guide})
+             for s in (0, 1)]
+    runs.append(_run("proximity", "infonce", 0, 64, 20480, 0.3,
+                     config={"batch_size": 64, "images": 20480, "lr": 5e-4, "guide": guide}))
+    _write(tmp_path, runs)
+    main, equal, other, _ = vision_sweep.classify(vision_sweep.load_sweep(tmp_path))
+    # the guided runs never enter the unguided proximity cell
+    assert {r["knn_accuracy"] for r in main[(64, "proximity", "infonce")].values()} == {0.41, 0.42}
+    assert set(main[(64, "proximity+guided", "infonce")]) == {0, 1}
+    assert len(other) == 1 and not equal
+    row = next(ln for ln in vision_sweep.guided_table(main) if ln.startswith("| 64 |"))
+    # diffs vs proximity: 0.02, 0.03 -> mean 2.50 points; vs uniform: 0.03, 0.04 -> 3.50
+    sd = math.sqrt(2 * 0.005 ** 2)
+    half = 12.706204736174707 * sd / math.sqrt(2)  # scipy.stats.t.ppf(0.975, 1)
+    lo, hi = 100 * (0.025 - half), 100 * (0.025 + half)
+    assert f"+2.50 [{lo:+.2f}, {hi:+.2f}] (n = 2, paired)" in row
+    assert "+3.50 [" in row
+    row32 = next(ln for ln in vision_sweep.guided_table(main) if ln.startswith("| 32 |"))
+    assert row32.count("—") == 5

@@ -10,15 +10,20 @@ from collections import defaultdict
 
 from .common import finite, md_row, md_rule
 
-__all__ = ["ARMS", "ARM_NAME", "BATCHES", "COMPARISONS", "EQUAL_STEPS_BATCH", "PLANNED_SEEDS",
-           "PROTOCOL", "budget_lines", "mean_text", "projected_cpu_s", "wall_seconds"]
+__all__ = ["ARMS", "ARM_NAME", "BATCHES", "COMPARISONS", "EQUAL_STEPS_BATCH", "GUIDED",
+           "GUIDED_BATCHES", "PLANNED_SEEDS", "PROTOCOL", "budget_lines", "mean_text", "projected_cpu_s", "wall_seconds"]
 
 BATCHES = (32, 64, 128, 256)
 ARMS = (("uniform", "infonce"), ("proximity", "infonce"), ("uniform", "sscl"),
         ("proximity", "sscl"))
 ARM_NAME = {("uniform", "infonce"): "uniform + InfoNCE", ("proximity", "infonce"):
             "proximity + InfoNCE", ("uniform", "sscl"): "uniform + SSCL",
-            ("proximity", "sscl"): "proximity + SSCL"}
+            ("proximity", "sscl"): "proximity + SSCL",
+            ("proximity+guided", "infonce"): "proximity + InfoNCE + guided mask"}
+#: the guided arm (proximity + InfoNCE, false negatives masked by the reference encoder as
+#: guide) and the batch sizes it runs at
+GUIDED = ("proximity+guided", "infonce")
+GUIDED_BATCHES = (32, 64)
 #: (arm, baseline): the paired comparisons at one batch size
 COMPARISONS = ((("proximity", "infonce"), ("uniform", "infonce")),
                (("uniform", "sscl"), ("uniform", "infonce")),
@@ -48,11 +53,15 @@ PROTOCOL = """### Protocol (written down before the sweep's results)
 - Arms: uniform + InfoNCE (the baseline), proximity graph (RWR, alpha 0.2 -> 0.05 decayed over
   the run's steps, M 500 candidates, K 100 neighbours, graph rebuilt once per epoch of the subset,
   i.e. every 8,192 / B steps) + InfoNCE, uniform + SSCL, proximity + SSCL (SSCL: beta 1, tau+ 0.1,
-  32 hardest, 8 synthetic). No guided `false_negatives` arm yet: when the sweep was planned
-  `hardbatch.train.Trainer` could not pass a guide's mask to the loss; it can now
-  (`Trainer(guide=, guide_margin=)`; the recipe's `--guide FILE --guide-margin m`), and a
-  guided arm (the reference encoder as guide, its margin chosen on seed 100) is the next
-  addition, not part of the runs above.
+  32 hardest, 8 synthetic).
+- Guided arm (added after the first 8 main runs, before any guided run): proximity + InfoNCE
+  with guided false-negative masks (`--guide REF --guide-margin m`: j is not a negative of
+  anchor i when cos(g_i, g_j) > 1 - m in the reference encoder's embedding below), at
+  B = 64 and 32 only (where batch composition should matter most; it costs 6 runs for 3 seeds).
+  The margin was fixed by a rule written down before measuring it: the largest margin of
+  {0.01, 0.02, 0.05, 0.1, 0.2, 0.3} whose masked pairs, in one epoch of proximity batches
+  (B = 64) on the reference embedding, are same-class at least half the time
+  (`python scripts/vision_guide_margin.py`, results/vision/sweep/guide_margin.json): m = 0.05.
 - Pairing: seed k gives, in every arm and at every B, the same initial weights
   (`seed_everything(k)` before the encoder is built), the same training subset and test set,
   and the same augmentation random numbers (the trainer's generator, seeded with k, draws the

@@ -17,11 +17,12 @@ from pathlib import Path
 
 from .common import fmt_mean_std, link, md_row, md_rule, pyplot, read_json, save_figure
 from .paired import paired_effect, pooled_effect
-from .vision_plan import (ARM_NAME, ARMS, BATCHES, COMPARISONS, EQUAL_STEPS_BATCH, PLANNED_SEEDS,
-                          PROTOCOL, budget_lines, mean_text, wall_seconds)
+from .vision_plan import (ARM_NAME, ARMS, BATCHES, COMPARISONS, EQUAL_STEPS_BATCH, GUIDED,
+                          GUIDED_BATCHES, PLANNED_SEEDS, PROTOCOL, budget_lines, mean_text,
+                          wall_seconds)
 
-__all__ = ["answer", "classify", "effects_table", "equal_steps_table", "load_sweep", "missing",
-           "section"]
+__all__ = ["answer", "classify", "effects_table", "equal_steps_table", "guided_table",
+           "load_sweep", "missing", "section"]
 
 
 def load_sweep(results: Path) -> list[dict]:
@@ -41,12 +42,18 @@ def load_sweep(results: Path) -> list[dict]:
 def classify(runs: list[dict]) -> tuple[dict, dict, list[dict], int | None]:
     """``(main, equal, other, budget)``: ``main[(B, sampler, loss)] = {seed: run}`` at the main
     budget (the largest ``config.images``), ``equal[(sampler, loss)] = {seed: run}`` for B = 64
-    at a quarter of it, ``other`` the rest."""
+    at a quarter of it, ``other`` the rest. A run with a guide (``config.guide``) is sampler
+    ``"proximity+guided"`` (the guided arm, ``GUIDED``)."""
     budget = max((r["config"]["images"] for r in runs), default=None)
     main, equal, other = defaultdict(dict), defaultdict(dict), []
     for r in runs:
         images, b = r["config"]["images"], r["config"]["batch_size"]
-        if images == budget:
+        if r["config"].get("guide"):
+            if images == budget and (f"{r['sampler']}+guided", r["loss"]) == GUIDED:
+                main[(b, *GUIDED)][r["seed"]] = r
+            else:
+                other.append(r)
+        elif images == budget:
             main[(b, r["sampler"], r["loss"])][r["seed"]] = r
         elif b == EQUAL_STEPS_BATCH and budget and images * 4 == budget:
             equal[(r["sampler"], r["loss"])][r["seed"]] = r
@@ -56,8 +63,10 @@ def classify(runs: list[dict]) -> tuple[dict, dict, list[dict], int | None]:
 
 
 def missing(main: dict, equal: dict) -> int:
-    """Planned runs (4 B x 4 arms + the 4 equal-steps arms, x PLANNED_SEEDS) not finished."""
-    planned = [(b, *arm) for b in BATCHES for arm in ARMS]
+    """Planned runs (4 B x 4 arms + the 4 equal-steps arms + the guided arm at GUIDED_BATCHES,
+    x PLANNED_SEEDS) not finished."""
+    planned = [(b, *arm) for b in BATCHES for arm in ARMS] + [(b, *GUIDED)
+                                                              for b in GUIDED_BATCHES]
     return (sum(len(set(PLANNED_SEEDS) - set(main.get(c, {}))) for c in planned)
             + sum(len(set(PLANNED_SEEDS) - set(equal.get(a, {}))) for a in ARMS))
 
@@ -147,6 +156,26 @@ def equal_steps_table(main: dict, equal: dict) -> list[str]:
     return out
 
 
+def guided_table(main: dict) -> list[str]:
+    """The guided arm per B in GUIDED_BATCHES: kNN accuracy, paired effects against proximity +
+    InfoNCE (what the mask adds) and uniform + InfoNCE, and the reference-embedding hardness and
+    false-negative rate of its batches."""
+    out = [md_row(["B", "kNN acc (guided)", "− proximity + InfoNCE", "− uniform + InfoNCE",
+                   "ref. hardness", "false-neg rate"]), md_rule(6)]
+    for b in GUIDED_BATCHES:
+        cell = main.get((b, *GUIDED), {})
+        vals = _values(cell)
+        rs = list(cell.values())
+        out.append(md_row([
+            b, f"{fmt_mean_std(list(vals.values()), scale=100)} ({len(vals)}/"
+               f"{len(PLANNED_SEEDS)})" if vals else "—",
+            _effect_text(paired_effect(vals, _values(main.get((b, "proximity", "infonce"), {})))),
+            _effect_text(paired_effect(vals, _values(main.get((b, "uniform", "infonce"), {})))),
+            mean_text([(r.get("reference_diagnostics") or {}).get("mean_hardness") for r in rs]),
+            mean_text([r.get("mean_false_negative_rate") for r in rs])]))
+    return out
+
+
 def diagnostics_table(main: dict) -> list[str]:
     """Per B and arm: hardness in the fixed reference embedding, near-duplicate rate there,
     the label false-negative rate, and the hardness in the run's own embedding (means over the
@@ -202,7 +231,7 @@ def answer(effects: dict, main: dict, equal: dict) -> list[str]:
     """The plain-language answer at the top: 'pending' while the planned runs are incomplete,
     and what the finished pairs say so far."""
     left = missing(main, equal)
-    planned = (len(BATCHES) + 1) * len(ARMS) * len(PLANNED_SEEDS)
+    planned = ((len(BATCHES) + 1) * len(ARMS) + len(GUIDED_BATCHES)) * len(PLANNED_SEEDS)
     head = ("**Answer: pending** — " if left else "**Answer** — ") + (
         f"{planned - left} of {planned} planned sweep runs finished." if left
         else f"all {planned} planned sweep runs finished.")
@@ -339,6 +368,10 @@ def section(results: Path, page: Path) -> tuple[list[str], int, int]:
               "uniform + InfoNCE at B = 256 (the main runs), paired by seed (same initial "
               "weights and data; the augmentation draws differ with B).", ""]
     lines += equal_steps_table(main, equal) + [""]
+    lines += ["### Guided false-negative masks (proximity + InfoNCE + guided mask)", "",
+              "The proximity arm with the reference encoder as guide (margin in the protocol), "
+              "paired by seed with the unguided arms at the same B.", ""]
+    lines += guided_table(main) + [""]
     lines += ["### Batch diagnostics in one fixed reference embedding", ""]
     if reference:
         r = reference[0]
