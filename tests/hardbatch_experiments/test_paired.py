@@ -4,7 +4,12 @@ import math
 
 import pytest
 
-from hardbatch_experiments.reports.paired import paired_effect, pooled_effect, t_interval
+from hardbatch_experiments.reports.paired import (
+    effect_text,
+    paired_effect,
+    pooled_effect,
+    t_interval,
+)
 
 T_975_DF2 = 4.302652729911275  # two-sided 95% Student t quantile, 2 df (tables)
 T_975_DF4 = 2.7764451051977987
@@ -61,3 +66,15 @@ def test_bad_values_are_errors():
         t_interval([])
     with pytest.raises(ValueError, match="finite"):
         paired_effect({0: float("nan")}, {0: 1.0})
+
+
+def test_effect_text_states_interval_signs_and_noise():
+    eff = paired_effect({0: 1.0, 1: 2.0, 2: 3.0}, {0: 0.0, 1: 0.0, 2: 0.0})  # d = 1, 2, 3
+    half = T_975_DF2 / math.sqrt(3)  # sd 1: 2 ± 2.48
+    assert (round(2 - half, 2), round(2 + half, 2)) == (-0.48, 4.48)
+    assert effect_text(eff) == "+2.00 [-0.48, +4.48] (n = 3, paired), signs 3/0/0, within noise"
+    assert effect_text(eff, 1, 10) == ("+20.0 [-4.8, +44.8] (n = 3, paired), signs 3/0/0, "
+                                       "within noise")
+    one = paired_effect({0: 0.5}, {0: 0.25})
+    assert effect_text(one) == "+0.25 (n = 1, paired; no interval), signs 1/0/0"
+    assert effect_text(paired_effect({0: 1.0}, {1: 1.0})) == "no paired seeds"

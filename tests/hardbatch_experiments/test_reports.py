@@ -4,11 +4,20 @@ state."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 import pytest
+from scipy.stats import t as student_t
 
-from hardbatch_experiments.reports import text, text_runs, vision
+from hardbatch_experiments.reports import graphs, text, text_runs, vision
+
+
+def _t_interval(diffs):
+    """An independent 95% t-interval (scipy's quantile) of paired differences."""
+    m, n = statistics.fmean(diffs), len(diffs)
+    half = student_t.ppf(0.975, n - 1) * statistics.stdev(diffs) / math.sqrt(n)
+    return m, m - half, m + half
 
 
 def _vision_run(sampler, loss, seed, knn, **extra):
@@ -21,15 +30,23 @@ def _vision_run(sampler, loss, seed, knn, **extra):
     return rec
 
 
-def test_vision_partial_row_is_compared_with_the_same_seeds():
+def test_vision_deltas_are_paired_by_seed():
     runs = [_vision_run("uniform", "infonce", s, a) for s, a in ((0, 0.50), (1, 0.60), (2, 0.70))]
     runs.append(_vision_run("uniform", "dcl", 0, 0.55))
-    runs += [_vision_run("proximity", "infonce", s, a) for s, a in ((0, 0.52), (1, 0.62),
+    runs += [_vision_run("proximity", "infonce", s, a) for s, a in ((0, 0.52), (1, 0.63),
                                                                      (2, 0.72))]
-    rows = vision.table(runs, [("uniform", "dcl"), ("proximity", "infonce")])
-    partial, full = rows[2].split(" | "), rows[3].split(" | ")
-    assert partial[4] == "+5.00 (1 seed) vs same seeds"  # 0.55 - seed 0's 0.50, not the mean 0.60
-    assert full[4].startswith("+2.00 ± ") and "same seeds" not in full[4]
+    runs.append(_vision_run("knn", "infonce", 7, 0.90))  # no seed in common with the baseline
+    rows = vision.table(runs, [("uniform", "dcl"), ("proximity", "infonce"),
+                               ("knn", "infonce")])
+    partial, full, disjoint = (rows[i].split(" | ") for i in (2, 3, 4))
+    # 0.55 - seed 0's 0.50, not the baseline mean 0.60
+    assert partial[4] == "+5.00 (n = 1, paired; no interval), signs 1/0/0"
+    # per-seed differences 2, 3, 2 points: mean 2.33, sd 0.577, t(0.975, 2) = 4.303 -> ± 1.43
+    m, lo, hi = _t_interval([2.0, 3.0, 2.0])
+    assert (round(m, 2), round(lo, 2), round(hi, 2)) == (2.33, 0.90, 3.77)
+    assert full[4] == "+2.33 [+0.90, +3.77] (n = 3, paired), signs 3/0/0, beyond noise"
+    assert full[6] == "+2.33 [+0.90, +3.77] (n = 3, paired), signs 3/0/0, beyond noise"  # linear
+    assert disjoint[4] == disjoint[6] == "no paired seeds"
 
 
 def test_vision_wall_time_of_a_resumed_run():
@@ -41,7 +58,7 @@ def test_vision_wall_time_of_a_resumed_run():
 def test_vision_old_and_new_loss_names_are_one_row(tmp_path):
     """Finished runs carry ``debiased`` / ``hard_negative``, new ones ``dcl`` / ``hcl``."""
     recs = [_vision_run("uniform", loss, seed, knn) for loss, seed, knn in (
-        ("infonce", 0, 0.50), ("infonce", 1, 0.60), ("debiased", 0, 0.55), ("dcl", 1, 0.65),
+        ("infonce", 0, 0.50), ("infonce", 1, 0.60), ("debiased", 0, 0.55), ("dcl", 1, 0.66),
         ("hard_negative", 0, 0.56), ("hcl", 1, 0.66))]
     for i, r in enumerate(recs):
         (tmp_path / f"run{i}.json").write_text(json.dumps(r))
@@ -50,7 +67,10 @@ def test_vision_old_and_new_loss_names_are_one_row(tmp_path):
     rows = vision.table(runs, [("uniform", "dcl"), ("uniform", "hcl")])
     dcl, hcl = rows[2].split(" | "), rows[3].split(" | ")
     assert dcl[:3] == ["| uniform", "DebiasedInfoNCE", "2/3"]  # seed 0 (debiased) + seed 1 (dcl)
-    assert dcl[4].startswith("+5.00 ± 7.07")  # mean of 0.55 and 0.65 vs the baseline's 0.55
+    # seed 0: 0.55 - 0.50, seed 1: 0.66 - 0.60 -> 5 and 6 points; t(0.975, 1) = 12.706 -> ± 6.35
+    m, lo, hi = _t_interval([5.0, 6.0])
+    assert (round(m, 2), round(lo, 2), round(hi, 2)) == (5.5, -0.85, 11.85)
+    assert dcl[4] == "+5.50 [-0.85, +11.85] (n = 2, paired), signs 2/0/0, within noise"
     assert hcl[:3] == ["| uniform", "HardNegativeInfoNCE", "2/3"]
 
 
@@ -95,7 +115,7 @@ def _text_run(sampler, loss, seed, avg, temperature=0.05, neighbors=500, train_l
 
 def test_text_rows_per_loss_setting_and_same_loss_deltas(tmp_path):
     runs = [_text_run("default", "mnrl", s, 80.0 + s) for s in (0, 1)]
-    runs += [_text_run("proximity", "infonce", s, 80.5 + s) for s in (0, 1)]
+    runs += [_text_run("proximity", "infonce", s, a) for s, a in ((0, 80.5), (1, 81.7))]
     runs += [_text_run("default", "dcl", 0, 79.0, temperature=0.5),
              _text_run("proximity", "dcl", 0, 79.3, temperature=0.5),
              _text_run("proximity", "dcl", 0, 78.0, train_loss=1e-15),  # on the floor: stuck
@@ -112,10 +132,18 @@ def test_text_rows_per_loss_setting_and_same_loss_deltas(tmp_path):
     rows = [ln for ln in results.splitlines() if ln.startswith("| proximity graph")]
     dcl_hot = [ln for ln in rows if "DCL (t 0.5, tau+ 0.1)" in ln]
     assert len(dcl_hot) == 1  # its own row, not mixed with the t = 0.05 DCL run
-    assert dcl_hot[0].rstrip(" |").endswith("+0.30")  # vs default + DCL at t 0.5, same seed
-    assert "| -0.70 |" in dcl_hot[0]  # vs default + MNRL seed 0 (80.0)
+    # vs default + DCL at t 0.5, same seed; then vs default + MNRL seed 0 (80.0)
+    assert dcl_hot[0].rstrip(" |").endswith("+0.30 (n = 1, paired; no interval), signs 1/0/0")
+    assert "| -0.70 (n = 1, paired; no interval), signs 0/1/0 |" in dcl_hot[0]
     infonce = [ln for ln in rows if "| InfoNCE | 2 |" in ln]
-    assert len(infonce) == 1 and "+0.50 (2 seeds) | +0.50 (2 seeds)" in infonce[0]
+    # per-seed differences 0.5 and 0.7: mean 0.6, sd 0.141, t(0.975, 1) = 12.706 -> ± 1.27
+    m, lo, hi = _t_interval([0.5, 0.7])
+    assert (round(m, 2), round(lo, 2), round(hi, 2)) == (0.6, -0.67, 1.87)
+    effect = "+0.60 [-0.67, +1.87] (n = 2, paired), signs 2/0/0, within noise"
+    assert len(infonce) == 1 and f"| {effect} | {effect} |" in infonce[0]
+    reading = page.split("## Reading")[1]
+    assert f"+ InfoNCE: Δ Avg vs default + MNRL {effect}." in reading
+    assert "standard error" not in page
     assert "neighbors 20" in page  # the K = 20 run is an ablation, not an InfoNCE seed
     assert "1 run(s) never trained: proximity + DCL (t 0.05, tau+ 0.1)" in page
 
@@ -165,3 +193,24 @@ def test_vision_reference_hardness_column_reads_old_runs_as_not_measured():
     col = header.index("ref. hardness")
     assert [c.strip() for c in rows[2].split("|")][col] == "—"
     assert [c.strip() for c in rows[3].split("|")][col] == "0.610"
+
+
+def test_graphs_goals_state_paired_effects_only():
+    """BatchSampler minus uniform by seed; a cell without a shared seed states no effect."""
+    def cell(accs):
+        return {seed: {"accuracy": a} for seed, a in accs.items()}
+
+    runs = {("MUTAG", "uniform", "infonce"): cell({0: 0.80, 1: 0.82, 2: 0.84}),
+            ("MUTAG", "proximity", "infonce"): cell({0: 0.81, 1: 0.84, 2: 0.85}),
+            ("NCI1", "uniform", "infonce"): cell({0: 0.78, 1: 0.79}),
+            ("NCI1", "proximity", "infonce"): cell({5: 0.95})}  # disjoint seeds: no effect
+    lines = graphs.goals(runs, {}, ["MUTAG", "NCI1"])
+    # differences 1, 2, 1 points: mean 1.33, sd 0.577, t(0.975, 2) = 4.303 -> ± 1.43
+    m, lo, hi = _t_interval([1.0, 2.0, 1.0])
+    assert (round(m, 2), round(lo, 2), round(hi, 2)) == (1.33, -0.10, 2.77)
+    assert "| InfoNCE | MUTAG | +1.33 [-0.10, +2.77] (n = 3, paired) | 3/0/0 | no |" in lines
+    assert "| InfoNCE | NCI1 | no paired seeds | — | — |" in lines
+    bullet = next(ln for ln in lines if ln.startswith("- InfoNCE:"))
+    assert "on 1 of 2 (MUTAG)" in bullet
+    assert "beyond noise (95% interval excludes 0): none" in bullet
+    assert not any("standard error" in ln for ln in lines)

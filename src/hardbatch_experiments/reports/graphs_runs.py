@@ -58,6 +58,11 @@ def accs(runs: dict, key) -> list[float]:
     return [100 * r["accuracy"] for r in runs.get(key, {}).values()]
 
 
+def seed_accs(runs: dict, key) -> dict[int, float]:
+    """``{seed: accuracy (%)}`` of one (dataset, sampler, loss) cell, for paired effects."""
+    return {seed: 100 * r["accuracy"] for seed, r in runs.get(key, {}).items()}
+
+
 def cell(runs: dict, key, expected: int) -> str:
     """``mean ± std`` of a cell's accuracies, ``(k/n)`` when seeds are missing, ``—`` if none."""
     recs = runs.get(key, {})

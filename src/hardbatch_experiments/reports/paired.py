@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 
 from scipy.stats import t as student_t
 
-__all__ = ["PairedEffect", "paired_effect", "pooled_effect", "t_interval"]
+__all__ = ["PairedEffect", "effect_text", "paired_effect", "pooled_effect", "t_interval"]
 
 
 def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
@@ -100,3 +100,14 @@ def pooled_effect(effects: Mapping) -> PairedEffect | None:
     if not keys:
         return None
     return _effect([effects[k].mean for k in keys], keys)
+
+
+def effect_text(effect: PairedEffect | None, digits: int = 2, scale: float = 1.0) -> str:
+    """One paired effect as the pages state it: ``+x.xx [lo, hi] (n = k, paired), signs w/l/t``
+    and, with two or more pairs, ``beyond noise`` (the interval excludes 0) or ``within noise``.
+    ``no paired seeds`` for None (the arms share no seed, so no effect is stated)."""
+    if effect is None:
+        return "no paired seeds"
+    noise = ("" if effect.n < 2 else ", beyond noise" if effect.beyond_noise else
+             ", within noise")
+    return f"{effect.format(digits, scale)}, signs {effect.signs()}{noise}"

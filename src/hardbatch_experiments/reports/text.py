@@ -35,6 +35,7 @@ from .common import (
     write_page,
 )
 from .common import fmt_mean_std as fmt
+from .paired import effect_text, paired_effect
 from .text_plans import floor_section, plans_section
 from .text_reinit import reinit_section
 from .text_runs import (
@@ -42,6 +43,7 @@ from .text_runs import (
     SAMPLERS,
     TASKS,
     TextRuns,
+    avg_by_seed,
     load,
     loss_key,
     loss_label,
@@ -152,9 +154,10 @@ def setup(g: TextRuns) -> list[str]:
     return L
 
 
-def delta_cell(d: list[float]) -> str:
-    return (f"{statistics.mean(d):+.2f}" + (f" ({len(d)} seeds)" if len(d) > 1 else "")
-            if d else "")
+def delta_cell(effect) -> str:
+    """A Δ cell: the paired effect (:func:`.paired.effect_text`), blank without a reference
+    (``False``, :func:`.text_runs.effect_of`), "no paired seeds" without a shared seed."""
+    return "" if effect is False else effect_text(effect)
 
 
 def results_tables(g: TextRuns) -> list[str]:
@@ -162,11 +165,13 @@ def results_tables(g: TextRuns) -> list[str]:
     L: list[str] = []
     w, cfg, zero = L.append, g.cfg, g.zero
     w("## Results\n")
-    w("Spearman x 100, mean ± std over the finished seeds (`n`). Δ = Avg minus the `default` + "
-      "MNRL row's Avg over the same seeds; Δ same loss = Avg minus the `default` sampler's with "
-      "the same loss and options, same seeds (the sampler's effect; for InfoNCE, default + "
-      "MNRL, the "
-      "same loss).\n")
+    w("Spearman x 100, mean ± std over the finished seeds (`n`). Δ = Avg against the `default` "
+      "+ MNRL row, paired by seed (seed k of every row starts from the same model with the same "
+      "training seed and is scored on the same STS sets): the mean per-seed difference with its "
+      "95% t-interval, `+x.xx [lo, hi] (n = k, paired)`, signs wins/losses/ties, beyond noise "
+      "when the interval excludes 0. Δ same loss = the same against the `default` sampler with "
+      "the same loss and options (the sampler's effect; for InfoNCE, default + MNRL, the same "
+      "loss).\n")
     w(md_row(["row", "loss", "n", *(SHORT.get(t, t) for t in TASKS), "Avg", "Δ", "Δ same loss"]))
     w(md_rule(len(TASKS) + 6))
     if zero:
@@ -176,15 +181,15 @@ def results_tables(g: TextRuns) -> list[str]:
     for s, k in g.order:
         seeds = g.cells[(s, k)]
         per = [[seeds[j]["sts"].get(t) for j in sorted(seeds)] for t in TASKS]
-        d, d_same, _ = g.row_deltas(s, k)
+        d, d_same, _ = g.row_effects(s, k)
         w(md_row([ROW[s], loss_label(k, cfg), len(seeds), *(fmt(v) for v in per),
                   fmt([seeds[j]["avg"] for j in sorted(seeds)]), delta_cell(d),
                   delta_cell(d_same)]))
     w("")
     if g.ablations:
         w("Trained ablations: the same runs with sampler options other than the grid's (tag "
-          "suffix `_h...`); Δ against `default` + MNRL with the same seed; hardness as in the "
-          "diagnostics below.\n")
+          "suffix `_h...`); Δ against `default` + MNRL, paired by seed as above; hardness as in "
+          "the diagnostics below.\n")
         w(md_row(["sampler", "loss", "options", "n", *(SHORT.get(t, t) for t in TASKS), "Avg",
                   "Δ", "hardness"]))
         w(md_rule(len(TASKS) + 7))
@@ -194,10 +199,10 @@ def results_tables(g: TextRuns) -> list[str]:
         for (s, lk, _), rs in sorted(agroups.items(), key=lambda kv: str(kv[0])):
             opts = ", ".join(f"{k} {rs[0]['config'][k]}" for k in SAMPLER_OPTIONS.get(s, ())
                              if rs[0]["config"].get(k) is not None) or "—"
-            d = [r["avg"] - g.base[r["seed"]]["avg"] for r in rs if r["seed"] in g.base]
+            d = paired_effect({r["seed"]: r["avg"] for r in rs}, avg_by_seed(g.base))
             w(md_row([ROW[s], loss_label(lk, cfg), opts, len(rs),
                       *(fmt([r["sts"].get(t) for r in rs]) for t in TASKS),
-                      fmt([r["avg"] for r in rs]), f"{statistics.mean(d):+.2f}" if d else "",
+                      fmt([r["avg"] for r in rs]), effect_text(d) if g.base else "",
                       fmt([r["diagnostics"]["mean_hardness"] for r in rs], 3)]))
         w("")
     w("Published numbers (BERT-base, 7 tasks; 6-task Avg recomputed without SICK-R). The "
@@ -247,15 +252,6 @@ def diagnostics(g: TextRuns) -> list[str]:
     return L
 
 
-def verdict(d: list[float]) -> str:
-    """Whether the mean of paired differences ``d`` is beyond two standard errors of it."""
-    if len(d) < 2:
-        return "one seed only: no spread estimate yet"
-    se = statistics.stdev(d) / math.sqrt(len(d))
-    m = statistics.mean(d)
-    return ("outside" if abs(m) > 2 * se else "within") + f" two standard errors ({2 * se:.2f})"
-
-
 def diag_mean(rows: list[dict], key: str) -> float:
     vals = [r["diagnostics"][key] for r in rows]
     return statistics.mean(vals) if vals else math.nan
@@ -270,21 +266,23 @@ def reading(g: TextRuns) -> list[str]:
         return L + ["No finished run yet.\n"]
     if g.zero and base:
         ba = statistics.mean(r["avg"] for r in base.values())
+        moved = paired_effect(avg_by_seed(base), {k: za for k in base})  # one start for all seeds
         w(f"- SimCSE training of the already contrastively trained MiniLM for "
           f"{cfg['steps']} steps with the default sampler moves the 6-task Avg from "
-          f"{za:.2f} (zero-shot) to {ba:.2f} ({ba - za:+.2f}).")
+          f"{za:.2f} (zero-shot) to {ba:.2f}: {effect_text(moved)} (each seed against the "
+          "same zero-shot model).")
     stuck_keys = {sk for sk, seeds in g.cells.items()
                   if all(never_trained(r) for r in seeds.values())}
     # the "never trained" rows are summarised in their own line below
-    rows = [(s, k, *g.row_deltas(s, k)) for s, k in g.order if (s, k) not in stuck_keys]
+    rows = [(s, k, *g.row_effects(s, k)) for s, k in g.order if (s, k) not in stuck_keys]
     for s, k, d, _, _ in rows:
-        if d:
-            w(f"- {ROW[s]} + {loss_label(k, cfg)}: Δ Avg {statistics.mean(d):+.2f} vs default + "
-              f"MNRL over {len(d)} seed(s), {verdict(d)}.")
+        if d is not False:
+            w(f"- {ROW[s]} + {loss_label(k, cfg)}: Δ Avg vs default + MNRL "
+              f"{effect_text(d)}.")
     for s, k, _, d, same_is_base in rows:
-        if d and not same_is_base:
+        if d is not False and not same_is_base:
             w(f"- {ROW[s]} vs default sampler, both with {loss_label(k, cfg)}: Δ Avg "
-              f"{statistics.mean(d):+.2f} over {len(d)} seed(s), {verdict(d)}.")
+              f"{effect_text(d)}.")
     main_rows = [r for seeds in g.cells.values() for r in seeds.values()]
     moving = [r["train_loss"] for r in main_rows if not never_trained(r)
               and r["config"]["temperature"] == cfg["temperature"]]
@@ -390,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     L = ["# SimCSE on STS with hardbatch samplers (sentence-transformers)\n",
          generated_line("text", results) + "\n"]
     L += reinit_section(results)
-    L += ["## Saturated-model record: the fine-tuned MiniLM, 80 steps\n",
+    L += ["## Saturated-model record (earlier, exploratory): the fine-tuned MiniLM, 80 steps\n",
           "The sections below train the already contrastively fine-tuned all-MiniLM-L6-v2 "
           "(step-0 SimCSE loss about 1e-6, the table above, L = 0): they are kept as the "
           "record of that setting, where no sampler can matter.\n"]

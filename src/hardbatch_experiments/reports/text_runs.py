@@ -1,5 +1,5 @@
 """The SimCSE runs of the text page, arranged: run tags, loss settings, the main configuration,
-the results table's cells and its deltas.
+the results table's cells and their paired effects.
 
 A run's row is its sampler and its loss key (the loss and the training options that make a
 different row: temperature, tau+, beta, ...); runs of the main tag's size with other sampler
@@ -17,6 +17,7 @@ from pathlib import Path
 from hardbatch.registry import sampler_names
 
 from .common import Progress, read_json
+from .paired import PairedEffect, paired_effect
 
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark"]
 SAMPLERS = ("default", *sampler_names())  # default: sentence-transformers' own sampler
@@ -65,9 +66,17 @@ def r_base(tag: str | None) -> str:
     return re.sub(r"_h[0-9a-f]{6}$", "", tag or "")
 
 
-def deltas(seeds: dict, ref: dict) -> list[float]:
-    """Avg minus the reference row's Avg, per seed both rows have."""
-    return [seeds[k]["avg"] - ref[k]["avg"] for k in sorted(seeds) if k in ref]
+def avg_by_seed(seeds: dict) -> dict:
+    """``{seed: STS Avg}`` of a row's ``{seed: run}``."""
+    return {k: r["avg"] for k, r in seeds.items()}
+
+
+def effect_of(seeds: dict, ref: dict | None) -> PairedEffect | bool | None:
+    """The paired effect (Avg by seed) of ``seeds`` over ``ref``: False where there is no
+    reference row (or the row is its own reference), None where the rows share no seed."""
+    if not ref:
+        return False
+    return paired_effect(avg_by_seed(seeds), avg_by_seed(ref))
 
 
 class TextRuns:
@@ -117,15 +126,18 @@ class TextRuns:
         """The runs of the main tag."""
         return self.groups.get(self.main_tag, [])
 
-    def row_deltas(self, s: str, k: tuple) -> tuple[list[float], list[float], bool]:
-        """A table row's Δ vs ``default`` + MNRL, its Δ vs the ``default`` sampler with the same
-        loss and options, and whether that reference is ``default`` + MNRL itself."""
+    def row_effects(self, s: str, k: tuple) -> tuple[PairedEffect | bool | None,
+                                                     PairedEffect | bool | None, bool]:
+        """A table row's paired effect (:func:`effect_of`) vs ``default`` + MNRL, its effect vs
+        the ``default`` sampler with the same loss and options, and whether that reference is
+        ``default`` + MNRL itself. Seed k of every row starts from the same model with the same
+        training seed and is scored on the same STS test sets, so the rows pair by seed."""
         seeds = self.cells[(s, k)]
-        d = deltas(seeds, self.base) if (s, k) != ("default", self.base_key) else []
+        d = effect_of(seeds, self.base if (s, k) != ("default", self.base_key) else None)
         # InfoNCE is MNRL (tested): its rows' same-loss reference is default + MNRL, same options.
         same_ref = self.cells.get(("default", k)) or (
             self.cells.get(("default", ("mnrl",) + k[1:]), {}) if k[0] == "infonce" else {})
-        d_same = deltas(seeds, same_ref) if s != "default" else []
+        d_same = effect_of(seeds, same_ref if s != "default" else None)
         return d, d_same, same_ref is self.base
 
 

@@ -24,9 +24,9 @@ from hardbatch.registry import canonical_loss
 
 from . import vision_sweep
 from .vision_plan import wall_seconds
-from .paired import paired_effect
-from .common import (Progress, diff_se, finite, fmt_mean_std, generated_line, link, n_seeds,
-                     page_path, pyplot, read_json, report_parser, save_figure, write_page)
+from .paired import effect_text, paired_effect
+from .common import (Progress, finite, fmt_mean_std, generated_line, link, n_seeds, page_path,
+                     pyplot, read_json, report_parser, save_figure, write_page)
 
 SAMPLER_NAME = {"uniform": "uniform", "knn": "kNN sampler", "proximity": "proximity graph (RWR)",
                 "gcbs": "GCBS"}
@@ -85,9 +85,13 @@ SETUP = """## Setup (what the numbers are)
   epoch; sampler share = time handing over batches (walks, graph rebuilds, GCBS orders) over
   step time (which includes the augmentations); images/s = training images (2 views each) per
   second of step time.
-- "Beyond seed noise": the difference of the means exceeds twice its standard error
-  `sqrt(s1^2/n1 + s2^2/n2)` (needs >= 2 seeds on both rows). A row with fewer seeds than the
-  baseline is compared with the baseline's runs of the same seeds only ("vs same seeds").
+- Effects (Δ columns): paired by seed against uniform + InfoNCE. Seed k of every row builds its
+  network after `seed_everything(k)` (the same initialisation) and trains and evaluates on the
+  same fixed training subset and test images, so d_k = row_k - baseline_k is the unit; a Δ is
+  the mean of d_k over the seeds both rows finished with its 95% t-interval,
+  `+x.xx [lo, hi] (n = k, paired)`, then the sign count wins/losses/ties. "Beyond noise": the
+  interval excludes 0 (needs 2 pairs). Rows that share no seed with the baseline state no
+  effect ("no paired seeds").
 - Wall time per run: `wall_time_s`; for a run resumed from its checkpoint (`resumed` in the JSON)
   the sum of its training and evaluation time over all sessions instead, since `wall_time_s`
   covers only the last session.
@@ -152,16 +156,11 @@ def data_setup(runs: list[dict]) -> list[str]:
     return out + [""]
 
 
-def delta_cell(a: list[float], b: list[float]) -> str:
-    """Mean difference a - b (points) and whether it exceeds 2 standard errors."""
-    if not a or not b:
-        return "—"
-    d = (statistics.fmean(a) - statistics.fmean(b)) * 100
-    if len(a) < 2 or len(b) < 2:
-        return f"{d:+.2f} (1 seed)"
-    se = diff_se(a, b) * 100
-    verdict = "beyond noise" if abs(d) > 2 * se else "within noise"
-    return f"{d:+.2f} ± {se:.2f} ({verdict})"
+def delta_cell(arm: dict, base: dict) -> str:
+    """The paired difference ``arm - base`` by seed (both ``{seed: fraction}``), in points, with
+    its 95% interval and sign count (:func:`.paired.effect_text`); ``—`` for a row without runs,
+    "no paired seeds" when the row shares no seed with the baseline."""
+    return effect_text(paired_effect(arm, base), 2, 100) if arm else "—"
 
 
 def reference_hardness(r: dict) -> float | None:
@@ -179,31 +178,27 @@ def by_row(runs: list[dict]) -> dict[tuple[str, str], list[dict]]:
 
 
 def table(runs: list[dict], rows: list[tuple[str, str]]) -> list[str]:
-    """One table row per (sampler, loss) in ``rows``, with Δ against uniform + InfoNCE."""
+    """One table row per (sampler, loss) in ``rows``; Δ: the paired difference by seed against
+    uniform + InfoNCE (:func:`delta_cell`)."""
     by = by_row(runs)
-    base_runs = {r["seed"]: r for r in by[("uniform", "infonce")]}
-    out = ["| sampler | loss | seeds | kNN acc | Δ kNN vs uniform/InfoNCE | linear acc | "
-           "Δ linear | false-neg rate | last-epoch FN rate | hardness | ref. hardness | "
-           "coverage | images/s | sampler / step | wall / run | paired Δ kNN (95% CI) |",
-           "|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    base_knn = {k: r["knn_accuracy"] for k, r in base_runs.items()}
+    base_runs = by[("uniform", "infonce")]
+    out = ["| sampler | loss | seeds | kNN acc | Δ kNN vs uniform/InfoNCE (paired) | linear acc | "
+           "Δ linear (paired) | false-neg rate | last-epoch FN rate | hardness | ref. hardness | "
+           "coverage | images/s | sampler / step | wall / run |",
+           "|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    base_knn = {r["seed"]: r["knn_accuracy"] for r in base_runs}
+    base_lin = {r["seed"]: r["linear_probe_accuracy"] for r in base_runs}
     for s, loss in rows:
         rs = sorted(by[(s, loss)], key=lambda r: r["seed"])
-        knn = [r["knn_accuracy"] for r in rs]
-        lin = [r["linear_probe_accuracy"] for r in rs]
+        knn = {r["seed"]: r["knn_accuracy"] for r in rs}
+        lin = {r["seed"]: r["linear_probe_accuracy"] for r in rs}
         is_base = (s, loss) == ("uniform", "infonce")
-        seeds = {r["seed"] for r in rs}
-        partial = seeds < set(base_runs)  # fewer seeds than the baseline: compare those only
-        bs = [base_runs[k] for k in sorted(base_runs) if not partial or k in seeds]
-        base = [r["knn_accuracy"] for r in bs]
-        base_lin = [r["linear_probe_accuracy"] for r in bs]
-        note = " vs same seeds" if partial else ""
         out.append(
             f"| {SAMPLER_NAME[s]} | {LOSS_NAME[loss]} | {len(rs)}/{PLANNED_SEEDS} | "
-            f"{fmt_mean_std(knn, scale=100)} | "
-            f"{'(baseline)' if is_base else delta_cell(knn, base) + note} | "
-            f"{fmt_mean_std(lin, scale=100)} | "
-            f"{'(baseline)' if is_base else delta_cell(lin, base_lin) + note} | "
+            f"{fmt_mean_std(knn.values(), scale=100)} | "
+            f"{'(baseline)' if is_base else delta_cell(knn, base_knn)} | "
+            f"{fmt_mean_std(lin.values(), scale=100)} | "
+            f"{'(baseline)' if is_base else delta_cell(lin, base_lin)} | "
             f"{mean_cell([r['mean_false_negative_rate'] for r in rs])} | "
             f"{mean_cell([r['last_epoch_false_negative_rate'] for r in rs])} | "
             f"{mean_cell([r['mean_hardness'] for r in rs])} | "
@@ -211,17 +206,8 @@ def table(runs: list[dict], rows: list[tuple[str, str]]) -> list[str]:
             f"{mean_cell([r['last_epoch_coverage'] for r in rs])} | "
             f"{mean_cell([r['images_per_second'] for r in rs], '{:.0f}')} | "
             f"{mean_cell([100 * r['sampler_share'] for r in rs], '{:.1f}%')} | "
-            f"{mean_cell([wall_seconds(r) / 60 for r in rs], '{:.1f} min')} | "
-            f"{paired_cell({r['seed']: r['knn_accuracy'] for r in rs}, base_knn, is_base)} |")
+            f"{mean_cell([wall_seconds(r) / 60 for r in rs], '{:.1f} min')} |")
     return out
-
-
-def paired_cell(arm: dict, base: dict, is_base: bool) -> str:
-    """The paired kNN difference by seed (points) with its 95% interval (shared helper)."""
-    if is_base:
-        return "(baseline)"
-    effect = paired_effect(arm, base)
-    return "—" if effect is None else effect.format(2, 100)
 
 
 def per_run(runs: list[dict]) -> list[str]:
@@ -305,10 +291,11 @@ def main(argv: list[str] | None = None) -> int:
                                                "runs)"), ""]
     lines += sweep_lines
     earlier = ["# Earlier record (issue 7): samplers and losses at B = 256", "",
-               "Accuracies in %, mean ± std over seeds; `k/3`: seeds finished of the 3 planned. "
-               "`—`: no finished run yet. The Δ columns' \"beyond noise\" compares unpaired "
-               "means (the rule of that time); the last column is the paired difference by seed "
-               "with its 95% interval (the rule of the sweep above).", ""]
+               "The earlier, exploratory grid, kept as a record. Accuracies in %, mean ± std over "
+               "seeds; `k/3`: seeds finished of the 3 planned. `—`: no finished run yet. Δ: the "
+               "paired difference by seed against uniform + InfoNCE in points, "
+               "`+x.xx [lo, hi] (n = k, paired)`, signs wins/losses/ties; beyond noise = the 95% "
+               "interval excludes 0 (Setup below).", ""]
     lines += earlier
     datasets = sorted({r["dataset"] for r in runs}) or ["cifar10"]
     untagged = [r for r in runs if not r.get("tag")]
