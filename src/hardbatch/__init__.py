@@ -22,6 +22,7 @@ from .losses import (
     sscl_loss,
 )
 from .samplers import GCBSSampler, KNNBatchSampler, ProximityGraphSampler, UniformBatchSampler
+from .samplers.duplicates import near_duplicate_keys
 from .schedules import EpochStepDecay, LinearDecay
 from .walks import walk_batches
 from . import registry  # noqa: F401  (names and factories: hb.registry.make_sampler)
@@ -50,6 +51,7 @@ __all__ = [
     "indexed_batch",
     "info_nce",
     "knn_graph",
+    "near_duplicate_keys",
     "proximity_graph",
     "sscl_loss",
     "walk_batches",

@@ -14,7 +14,8 @@ Samplers enforce "no key twice in a batch" where they build batches:
 
 :func:`shared_value_keys` derives keys from rows of several values (the texts of a row) so
 that two rows sharing any value get the same key, as sentence-transformers'
-``NoDuplicatesBatchSampler`` keeps any value from appearing twice in a batch.
+``NoDuplicatesBatchSampler`` keeps any value from appearing twice in a batch;
+:func:`near_duplicate_keys` derives keys from embeddings (groups of near-duplicates).
 """
 
 from __future__ import annotations
@@ -25,9 +26,15 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 from numba import njit
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from .._logging import get_logger
+from .._validation import as_embeddings, check_choice, check_real
+from ..pair_search import thresholded_pairs
 
 __all__ = ["DuplicateKeys", "check_partition_keys", "check_walk_keys", "encode_keys",
-           "separate_keys", "shared_value_keys"]
+           "near_duplicate_keys", "separate_keys", "shared_value_keys"]
 
 
 class DuplicateKeys:
@@ -54,6 +61,9 @@ class DuplicateKeys:
     def any(self) -> bool:
         """Whether some key is held by two items or more."""
         return len(self.values) > 0
+
+
+_log = get_logger("samplers.duplicates")
 
 
 def encode_keys(keys, num_items: int, name: str = "duplicate_keys") -> DuplicateKeys | None:
@@ -114,6 +124,53 @@ def shared_value_keys(rows: Iterable[Sequence]) -> list[int]:
                 if a != b:
                     parent[max(a, b)] = min(a, b)
     return [root(i) for i in range(len(parent))]
+
+
+def near_duplicate_keys(embeddings, threshold: float = 0.9, *,
+                        method: str = "exact", nlist: int | None = None, nprobe: int = 8,
+                        seed: int = 0, device=None) -> np.ndarray:
+    """Keys that group near-duplicates: items joined by a chain of pairs with cosine above
+    ``threshold`` get the same key (the connected components of the pair graph).
+
+    Pass the result as ``duplicate_keys=`` to any sampler so that near-copies (paraphrases,
+    re-crops, boilerplate with one word changed) never share a batch, best computed in a fixed,
+    strong embedding. Grouping is transitive: a chain a~b~c joins a and c even when their own
+    cosine is below the threshold, so a low threshold can join large groups (a sampler then
+    raises its ``ValueError`` when no batch plan can keep them apart); the log reports the
+    largest group. The threshold means what it means in
+    :func:`hardbatch.metrics.batch_near_duplicate_rate` (default 0.9 there and here).
+
+    Args:
+        embeddings: ``[N, d]`` array or tensor (rows are L2-normalised here).
+        threshold: cosine in ``[-1, 1)``; pairs with ``cos > threshold`` are near-duplicates.
+        method, nlist, nprobe, seed, device: the pair search of
+            :func:`hardbatch.pair_search.thresholded_pairs` (``"exact"``: blocked dense
+            products, O(N^2 d); ``"ivf"``: inverted lists, approximate, for large N).
+
+    Returns:
+        int64 ``[N]``: the smallest item index of each item's group (an item with no
+        near-duplicate is its own key).
+    """
+    x = as_embeddings(embeddings, "embeddings", normalize=True)
+    t = check_real(threshold, "threshold", "a cosine in [-1, 1)")
+    if not -1.0 <= t < 1.0:
+        raise ValueError(f"threshold={threshold} must lie in [-1, 1): pairs with cosine above it "
+                         "are near-duplicates (e.g. 0.9; no cosine exceeds 1)")
+    check_choice("method", method, ("exact", "ivf", "faiss"))
+    n = x.shape[0]
+    rows, cols = thresholded_pairs(x, x, t, method, nlist=nlist, nprobe=nprobe, seed=seed,
+                                   device=device)
+    graph = coo_matrix((np.ones(len(rows), np.int8), (rows, cols)), shape=(n, n))
+    _, labels = connected_components(graph, directed=True, connection="weak")
+    first = np.full(labels.max() + 1, n, np.int64)
+    np.minimum.at(first, labels, np.arange(n, dtype=np.int64))
+    keys = first[labels]
+    sizes = np.bincount(keys, minlength=n)
+    grouped = int((sizes[keys] > 1).sum())
+    _log.info("near_duplicate_keys: %d of %d items in %d groups of near-duplicates (cosine > "
+                "%g), the largest %d items", grouped, n, int((sizes > 1).sum()), t,
+                int(sizes.max()))
+    return keys
 
 
 def _name(keys: DuplicateKeys, key_id: int) -> str:

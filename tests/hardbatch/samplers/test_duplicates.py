@@ -293,13 +293,104 @@ def test_walk_kernel_with_every_item_keyed_apart_equals_no_keys(emb):
 
 
 def test_docs_examples_run():
-    """The duplicate_keys and global_batch examples of docs/samplers.md (run as written)."""
+    """The duplicate_keys, near_duplicate_keys and global_batch examples of docs/samplers.md
+    (run as written)."""
     import re
     from pathlib import Path
 
     text = (Path(__file__).parents[3] / "docs" / "samplers.md").read_text()
     blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S)
               if "duplicate_keys=" in b or "global_batch=True" in b]
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     for block in blocks:
         exec(compile(block, "docs/samplers.md", "exec"), {})
+
+
+# ------------------------------------------------------------------ near-duplicate keys
+def near_duplicate_reference(x: np.ndarray, threshold: float) -> list[int]:
+    """Plain Python, float64: union-find over the pairs with cosine > threshold; each item's
+    key is the smallest index of its group."""
+    u = x.astype(np.float64)
+    u = u / np.linalg.norm(u, axis=1, keepdims=True)
+    parent = list(range(len(u)))
+
+    def root(i):
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for i in range(len(u)):
+        for j in range(i + 1, len(u)):
+            if float(u[i] @ u[j]) > threshold:
+                a, b = root(i), root(j)
+                parent[max(a, b)] = min(a, b)
+    return [root(i) for i in range(len(u))]
+
+
+def planted_near_duplicates(n=120, d=16, seed=0):
+    """Random rows plus near-copies: chains 3 ~ 40 ~ 41 and groups {5, 60}, {7, 90, 91}."""
+    r = np.random.default_rng(seed)
+    x = r.standard_normal((n, d)).astype(np.float32)
+    for src, dst in ((3, 40), (40, 41), (5, 60), (7, 90), (7, 91)):
+        x[dst] = x[src] + 0.05 * r.standard_normal(d).astype(np.float32)
+    return x
+
+
+@pytest.mark.parametrize("threshold", [0.99, 0.95, 0.9, 0.5, 0.2])
+def test_near_duplicate_keys_equal_a_float64_union_find(threshold):
+    x = planted_near_duplicates()
+    keys = hb.near_duplicate_keys(x, threshold)
+    assert keys.dtype == np.int64 and keys.shape == (len(x),)
+    assert keys.tolist() == near_duplicate_reference(x, threshold)
+
+
+def test_near_duplicate_keys_join_chains_and_groups():
+    x = planted_near_duplicates()
+    keys = hb.near_duplicate_keys(torch.from_numpy(x), 0.95)
+    assert keys[40] == keys[41] == 3 and keys[60] == 5 and keys[90] == keys[91] == 7
+    assert sum(k != i for i, k in enumerate(keys)) == 5  # nothing else is grouped
+
+
+def test_near_duplicate_keys_ivf_finds_the_planted_groups():
+    x = planted_near_duplicates(n=600, d=32, seed=1)
+    exact = hb.near_duplicate_keys(x, 0.95)
+    ivf = hb.near_duplicate_keys(x, 0.95, method="ivf", nlist=8, nprobe=8)  # probes every list
+    assert ivf.tolist() == exact.tolist()
+
+
+@pytest.mark.parametrize("kind", ["uniform", "gcbs", "proximity", "knn"])
+def test_near_duplicate_keys_keep_near_copies_out_of_one_batch(kind):
+    x = planted_near_duplicates(n=240, d=16, seed=2)
+    keys = hb.near_duplicate_keys(x, 0.95)
+    u = x / np.linalg.norm(x, axis=1, keepdims=True)
+    make_sampler = {"uniform": lambda: hb.UniformBatchSampler(len(x), 16, seed=0,
+                                                               duplicate_keys=keys),
+                    "gcbs": lambda: hb.GCBSSampler(x, 16, duplicate_keys=keys),
+                    "proximity": lambda: hb.ProximityGraphSampler(
+                        x, 16, candidates=60, neighbors=8, duplicate_keys=keys),
+                    "knn": lambda: hb.KNNBatchSampler(x, 16, refresh_every=None,
+                                                      duplicate_keys=keys)}[kind]
+    for batch in make_sampler():
+        b = np.asarray(batch)
+        sims = u[b] @ u[b].T
+        np.fill_diagonal(sims, -1)
+        assert sims.max() <= 0.95 and len(set(keys[b].tolist())) == len(b)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(threshold=1.0), "threshold=1.0 must lie in"),
+    (dict(threshold=float("nan")), "threshold"),
+    (dict(method="annoy"), "method"),
+])
+def test_near_duplicate_keys_reject_bad_arguments(bad, match):
+    with pytest.raises(ValueError, match=match):
+        hb.near_duplicate_keys(planted_near_duplicates(), **{"threshold": 0.9, **bad})
+
+
+def test_near_duplicate_keys_reject_bad_embeddings():
+    x = planted_near_duplicates()
+    x[4, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN or inf"):
+        hb.near_duplicate_keys(x)
+    with pytest.raises(ValueError, match="embeddings"):
+        hb.near_duplicate_keys(np.zeros(5, np.float32))
