@@ -12,14 +12,14 @@ import torch
 pytest.importorskip("torch_geometric")
 pytest.importorskip("sklearn")
 
-from hardbatch import ProximityGraphSampler
+from hardbatch import EpochStepDecay, ProximityGraphSampler
 from hardbatch_experiments.recipes import graphcl
 from hardbatch_experiments.recipes.graphcl.sampling import (
     CoverageProximitySampler,
-    PerEpochAlpha,
     centred,
     check_options,
     encode_space,
+    restart_schedule,
 )
 
 
@@ -60,20 +60,22 @@ def test_option_checks_name_the_parameter():
 
 
 def test_per_epoch_alpha_is_the_authors_step_function():
-    sched = PerEpochAlpha(epochs=20)
+    sched, record = restart_schedule({"alpha_schedule": "per-epoch"})
+    assert record == {"schedule": "per-epoch", "start": 0.2, "step": 0.02, "floor": 0.05}
     expected = [max(0.05, 0.2 - 0.02 * e) for e in range(20)]
     assert [sched.at_epoch(e) for e in range(20)] == pytest.approx(expected)
     assert sched.at_epoch(3) == pytest.approx(0.14) and sched.at_epoch(19) == 0.05
-    # through the library sampler: every batch of epoch e walks with the epoch's alpha
+    # through the library sampler and the coverage sampler: every batch of epoch e walks with
+    # the epoch's alpha
     x = _clusters(100)
     s = ProximityGraphSampler(x, 16, candidates=40, neighbors=10, restart=sched, epochs=20,
                               seed=0)
-    per_epoch = s.batches_per_epoch
+    c = CoverageProximitySampler(x, 16, candidates=40, neighbors=10, restart=sched, seed=0,
+                                 budget=200)
     for e in range(20):
-        for i in range(per_epoch):
+        for i in range(s.batches_per_epoch):
             assert s.restart_at(e, i) == pytest.approx(expected[e])
-    with pytest.raises(ValueError, match="epochs=0"):
-        PerEpochAlpha(0)
+            assert c.restart_at(e, i) == pytest.approx(expected[e])
 
 
 def test_coverage_epochs_cover_every_item_within_the_budget():
@@ -116,7 +118,7 @@ def test_coverage_linear_schedule_reads_batches_over_budget():
     assert s.restart_at(0, 0) == pytest.approx(0.2)
     s.offset = 8
     assert s.restart_at(5, 4) == pytest.approx(0.2 - 0.15 * 12 / 16)
-    p = CoverageProximitySampler(x, 16, candidates=40, neighbors=10, restart=PerEpochAlpha(2),
+    p = CoverageProximitySampler(x, 16, candidates=40, neighbors=10, restart=EpochStepDecay(),
                                  epochs=2, seed=0, budget=16)
     assert p.restart_at(4, 3) == pytest.approx(0.12)  # the epoch's, whatever the progress
 

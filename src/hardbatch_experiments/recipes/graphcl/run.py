@@ -175,7 +175,7 @@ def run_one(args, dataset, sampler_name: str, loss_name: str, seed: int, path: P
     opts = sampler_options(args, sampler_name)
     space, warm = opts["sampler_space"], opts["warmup_epochs"]
     coverage = opts["epoch_mode"] == "coverage"
-    restart, hp["restart"] = restart_schedule(opts, epochs)
+    restart, hp["restart"] = restart_schedule(opts)
     per_epoch = -(-n // bsz)
     budget = epochs * per_epoch  # the uniform run's steps: every arm trains this many
     if sampler_name != "uniform":

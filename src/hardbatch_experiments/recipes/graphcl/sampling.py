@@ -19,8 +19,8 @@ so one uniform run is the baseline of every configuration of the same seed):
     ``random_epochs``).
 ``--alpha-schedule``
     ``linear`` (default): :class:`hardbatch.LinearDecay` (0.2 -> 0.05 over the run's batches);
-    ``per-epoch``: :class:`PerEpochAlpha`, alpha = max(0.05, 0.2 - 0.02 * epoch) (the authors'
-    code; ``epoch`` counts every epoch of the run, warm-up ones included).
+    ``per-epoch``: :class:`hardbatch.EpochStepDecay`, alpha = max(0.05, 0.2 - 0.02 * epoch)
+    (the authors' code; ``epoch`` counts every epoch of the run, warm-up ones included).
 ``--epoch-mode``
     ``steps`` (default): an epoch is ceil(N/B) batches (the library's plan, ~64% of the items
     covered by walks); ``coverage``: :class:`CoverageProximitySampler`, an epoch walks until
@@ -30,16 +30,14 @@ so one uniform run is the baseline of every configuration of the same seed):
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
-from hardbatch import LinearDecay, ProximityGraphSampler
+from hardbatch import EpochStepDecay, LinearDecay, ProximityGraphSampler
 from hardbatch.walks import check_restart
 
 __all__ = ["ALPHA_SCHEDULES", "EPOCH_MODES", "SAMPLER_SPACES", "CoverageProximitySampler",
-           "PerEpochAlpha", "centred", "check_options", "encode_space", "epoch_coverage",
+           "centred", "check_options", "encode_space", "epoch_coverage",
            "option_tag", "restart_schedule", "sampler_options"]
 
 SAMPLER_SPACES = ("readout", "projection", "centred-readout")
@@ -108,35 +106,6 @@ def encode_space(model, readout: torch.Tensor, space: str) -> torch.Tensor:
     return model.proj_head(readout) if space == "projection" else readout
 
 
-class PerEpochAlpha:
-    """The authors' restart schedule: alpha = max(floor, start - step * epoch).
-
-    As a sampler's schedule it is called with the training progress p = (epoch + i / P) /
-    epochs (plan batch i of P in ``epoch``, as :meth:`ProximityGraphSampler.restart_at`
-    computes it) and reads the epoch back as floor(p * epochs);
-    :class:`CoverageProximitySampler` calls :meth:`at_epoch` directly.
-    """
-
-    def __init__(self, epochs: int, start: float = 0.2, step: float = 0.02,
-                 floor: float = 0.05) -> None:
-        if int(epochs) < 1:
-            raise ValueError(f"PerEpochAlpha epochs={epochs} must be >= 1")
-        self.epochs, self.start, self.step, self.floor = int(epochs), start, step, floor
-        self.total_steps = None  # progress comes from the sampler's epochs
-
-    def at_epoch(self, epoch: int) -> float:
-        """Alpha during epoch ``epoch`` (0-based)."""
-        return float(max(self.floor, self.start - self.step * int(epoch)))
-
-    def __call__(self, progress: float) -> float:
-        return self.at_epoch(math.floor(float(progress) * self.epochs + 1e-9))
-
-    def describe(self) -> dict:
-        """The schedule for a run record."""
-        return {"schedule": "per-epoch", "start": self.start, "step": self.step,
-                "floor": self.floor}
-
-
 class CoverageProximitySampler(ProximityGraphSampler):
     """The proximity sampler with the authors' epochs: walks until every item is covered.
 
@@ -169,7 +138,7 @@ class CoverageProximitySampler(ProximityGraphSampler):
         r = self.restart
         if isinstance(r, float):
             return r
-        if isinstance(r, PerEpochAlpha):
+        if getattr(r, "per_epoch", False):
             value = r.at_epoch(epoch)
         else:
             value = float(r((self.offset + index) / self.budget))
@@ -191,11 +160,12 @@ class CoverageProximitySampler(ProximityGraphSampler):
             self.offset += done
 
 
-def restart_schedule(options: dict, epochs: int):
+def restart_schedule(options: dict):
     """The restart schedule object of ``options`` and its description for the run record."""
     if options["alpha_schedule"] == "per-epoch":
-        sched = PerEpochAlpha(epochs)
-        return sched, sched.describe()
+        sched = EpochStepDecay(0.2, 0.02, 0.05)
+        return sched, {"schedule": "per-epoch", "start": sched.start, "step": sched.step,
+                       "floor": sched.floor}
     return LinearDecay(0.2, 0.05), {"schedule": "LinearDecay", "start": 0.2, "end": 0.05}
 
 
