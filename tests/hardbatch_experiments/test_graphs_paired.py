@@ -118,9 +118,16 @@ def test_verdict_when_complete():
     text = graphs_paired.verdict_lines(summary)[0]
     assert text.startswith("**Verdict (20 pairs, 10 seeds on every dataset):** no effect")
     assert "per dataset beyond noise: MUTAG, NCI1" in text
+    plain = graphs_paired.verdict_lines(summary)[-1]
+    # MUTAG +0.2 on average, NCI1 -0.2: one dataset each way, mean 0
+    assert plain.startswith("In plain words: BatchSampler batches did better than uniform "
+                            "batches on 1 of 2 datasets and worse on 1; on average they changed "
+                            "the accuracy by +0.00 points") and plain.endswith("use uniform batches.")
     up = {d: paired_effect({s: 71.0 + 0.1 * (s % 3) + 0.2 * (d == "NCI1") for s in seeds},
                            {s: 70.0 for s in seeds}) for d in ("MUTAG", "NCI1", "PROTEINS")}
     summary.update(pooled=pooled_effect(up), effects=up)
     assert "configuration helps GraphCL" in graphs_paired.verdict_lines(summary)[0]
+    assert graphs_paired.verdict_lines(summary)[-1].endswith(
+        "Use the pre-registered configuration for GraphCL.")
     assert graphs_paired.verdict_lines({"pooled": None, "pairs": 0, "min_seeds": 0,
                                         "arm": None})[0].startswith("**Verdict: pending**")

@@ -207,7 +207,15 @@ def verdict_lines(summary: dict) -> list[str]:
         text = ("no effect of the pre-registered BatchSampler configuration on GraphCL "
                 f"beyond noise: pooled difference {pooled.format(2)} accuracy points, "
                 "an interval that includes 0")
-    return [f"**Verdict ({summary['pairs']} pairs, {k} seeds on every dataset):** {text}{per}."]
+    helps = pooled.beyond_noise and pooled.mean > 0
+    plain = (f"In plain words: BatchSampler batches did better than uniform batches on "
+             f"{pooled.wins} of {pooled.n} datasets and worse on {pooled.losses}; on average they "
+             f"changed the accuracy by {pooled.mean:+.2f} points (95% interval {pooled.lo:+.2f} "
+             f"to {pooled.hi:+.2f}). " + (
+                 "Use the pre-registered configuration for GraphCL." if helps else
+                 "For GraphCL, use uniform batches."))
+    return [f"**Verdict ({summary['pairs']} pairs, {k} seeds on every dataset):** {text}{per}.",
+            "", plain]
 
 
 def times_lines(explore: Path, confirm: Path, pre: dict | None) -> list[str]:
