@@ -133,5 +133,10 @@ def test_guided_runs_are_their_own_arm_paired_with_the_unguided_ones(tmp_path):
     lo, hi = 100 * (0.025 - half), 100 * (0.025 + half)
     assert f"+2.50 [{lo:+.2f}, {hi:+.2f}] (n = 2, paired)" in row
     assert "+3.50 [" in row
+    effects = vision_sweep.effects_table(main)[1]
+    answer = next(ln for ln in vision_sweep.answer(effects, main, equal)
+                  if ln.startswith("- Guided"))
+    assert f"B = 32: no finished pair yet; B = 64: +2.50 [{lo:+.2f}, {hi:+.2f}] (n = 2, paired), " \
+           "within noise." in answer
     row32 = next(ln for ln in vision_sweep.guided_table(main) if ln.startswith("| 32 |"))
     assert row32.count("—") == 5

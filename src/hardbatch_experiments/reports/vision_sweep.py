@@ -261,6 +261,14 @@ def answer(effects: dict, main: dict, equal: dict) -> list[str]:
                 f"{ARM_NAME[base]}, kNN accuracy, paired by seed)")
         lines.append(f"- {what} " + ("; ".join(parts) if parts else "has no finished pair yet")
                      + ".")
+    guided = []
+    for b in GUIDED_BATCHES:
+        e = paired_effect(_values(main.get((b, *GUIDED), {})),
+                          _values(main.get((b, "proximity", "infonce"), {})))
+        guided.append(f"B = {b}: " + ("no finished pair yet" if e is None else e.format(2, 100) + (
+            "" if e.n < 2 else ", beyond noise" if e.beyond_noise else ", within noise")))
+    lines.append(f"- Guided false-negative masks ({ARM_NAME[GUIDED]} − proximity + InfoNCE): "
+                 + "; ".join(guided) + ".")
     big = _values(main.get((256, "uniform", "infonce"), {}))
     for arm in (("proximity", "infonce"), ("uniform", "infonce")):
         e = paired_effect(_values(equal.get(arm, {})), big)
