@@ -4,8 +4,8 @@ The guide is the sweep's fixed reference encoder (a uniform + InfoNCE run at B =
 100, no sweep seed): a per-item embedding of the 8,192-image training subset. With a per-item
 guide, ``Trainer(guide=, guide_margin=m)`` drops j as a negative of anchor i when
 cos(g_i, g_j) > 1 - m (``hardbatch.guided_mask(g, g, m)``). For each margin of a grid this script
-measures, in batches of the sweep's proximity arm built on the guide embedding (B = 64, one
-epoch; and over all pairs), how many in-batch pairs the mask drops and which share of them are
+measures, in batches of the sweep's proximity arm built on the guide embedding (B = 64, M 500,
+K 100, alpha 0.2 as at the start of a run, one epoch; and over all pairs), how many in-batch pairs the mask drops and which share of them are
 same-class pairs (precision; CIFAR-10 labels, used for this choice only) and which share of the
 same-class pairs it drops (recall).
 
@@ -68,7 +68,9 @@ def main() -> None:
     ids = train_subset(y_all, args.train_size, seed=0)
     g, info = load_reference_file(args.reference, ids, flag="--reference")
     y = y_all[ids]
-    sampler = ProximityGraphSampler(g, args.batch_size, seed=100)
+    # the sweep's proximity arm: M 500 candidates, K 100 neighbours, alpha 0.2 at its start
+    sampler = ProximityGraphSampler(g, args.batch_size, candidates=500, neighbors=100,
+                                    restart=0.2, seed=100)
     prox = [np.asarray(b) for b in sampler]
     everything = [np.arange(len(ids))]
     rows = []
@@ -90,7 +92,7 @@ def main() -> None:
           f"{chosen}")
     record = {"rule": f"largest margin with precision >= {MIN_PRECISION} in proximity batches "
                       f"(B = {args.batch_size}, one epoch of ProximityGraphSampler(guide, B, "
-                      "seed=100))",
+                      "candidates=500, neighbors=100, restart=0.2, seed=100))",
               "chosen_margin": chosen, "margins": rows, "reference": info,
               "train_size": args.train_size, "batch_size": args.batch_size,
               "command": "python scripts/vision_guide_margin.py",
