@@ -140,3 +140,16 @@ def test_guided_runs_are_their_own_arm_paired_with_the_unguided_ones(tmp_path):
            "within noise." in answer
     row32 = next(ln for ln in vision_sweep.guided_table(main) if ln.startswith("| 32 |"))
     assert row32.count("—") == 5
+
+
+def test_margin_selection_table(tmp_path):
+    rec = {"command": "python scripts/vision_guide_margin.py", "rule": "r", "chosen_margin": 0.05,
+           "margins": [{"margin": 0.05, "proximity_batches": {"dropped_share": 0.0007,
+                                                              "precision": 0.52, "recall": 0.003}},
+                       {"margin": 0.01, "proximity_batches": {"dropped_share": 0.0,
+                                                              "precision": None, "recall": 0.0}}]}
+    (tmp_path / "guide_margin.json").write_text(json.dumps(rec))
+    lines = vision_sweep.margin_lines(tmp_path / "guide_margin.json")
+    assert "chosen: 0.05" in lines[0]
+    assert "| 0.05 | 0.0007 | 0.520 | 0.003 |" in lines and "| 0.01 | 0.0000 | — | 0.000 |" in lines
+    assert vision_sweep.margin_lines(tmp_path / "missing.json") == []

@@ -11,6 +11,7 @@ what is finished and says what is missing.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -174,6 +175,27 @@ def guided_table(main: dict) -> list[str]:
             mean_text([(r.get("reference_diagnostics") or {}).get("mean_hardness") for r in rs]),
             mean_text([r.get("mean_false_negative_rate") for r in rs])]))
     return out
+
+
+def margin_lines(path: Path) -> list[str]:
+    """The guided arm's margin selection (``scripts/vision_guide_margin.py``'s JSON) as a
+    table: per margin, the share of in-batch pairs the mask drops and their same-class share."""
+    try:
+        rec = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    out = [f"Margin selection (`{rec['command']}`; rule: {rec['rule']}; chosen: "
+           f"{rec['chosen_margin']}). Pairs of the proximity batches the guided mask drops, and "
+           "which share of them are same-class pairs (precision) or of the same-class pairs "
+           "it drops (recall):", "",
+           md_row(["margin", "dropped share of in-batch pairs", "precision", "recall"]),
+           md_rule(4)]
+    for r in rec["margins"]:
+        b = r["proximity_batches"]
+        out.append(md_row([r["margin"], f"{b['dropped_share']:.4f}",
+                           "—" if b["precision"] is None else f"{b['precision']:.3f}",
+                           "—" if b["recall"] is None else f"{b['recall']:.3f}"]))
+    return out + [""]
 
 
 def diagnostics_table(main: dict) -> list[str]:
@@ -379,7 +401,7 @@ def section(results: Path, page: Path) -> tuple[list[str], int, int]:
     lines += ["### Guided false-negative masks (proximity + InfoNCE + guided mask)", "",
               "The proximity arm with the reference encoder as guide (margin in the protocol), "
               "paired by seed with the unguided arms at the same B.", ""]
-    lines += guided_table(main) + [""]
+    lines += guided_table(main) + [""] + margin_lines(results / "guide_margin.json")
     lines += ["### Batch diagnostics in one fixed reference embedding", ""]
     if reference:
         r = reference[0]
