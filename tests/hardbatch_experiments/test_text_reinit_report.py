@@ -13,7 +13,8 @@ def _run(sampler, seed, avg, mrr, guide=None):
     return {"benchmark": "simcse-reinit", "sampler": sampler, "loss": "mnrl", "seed": seed,
             "avg": avg, "retrieval": {"mrr@10": mrr, "recall@1": mrr / 2},
             "config": {"guide_margin": guide}, "diagnostics": {"mean_hardness": 0.3},
-            "loss_curve": [0.5, 0.1], "loss_curve_chunk": 30, "train_time_s": 60.0, "refresh_time_s": 0.0,
+            "loss_curve": [0.5, 0.1], "loss_curve_chunk": 30, "train_time_s": 60.0,
+            "refresh_time_s": 0.0,
             "eval_time_s": 60.0, "wall_time_s": 130.0, "env": {"finished": f"t{seed}"},
             "command": f"hardbatch bench simcse --sampler {sampler} --seed-list {seed}"}
 
@@ -35,7 +36,30 @@ def test_reinit_section_pairs_by_seed(tmp_path):
     assert "Pending arms: uniform, knn, gcbs" in text
     assert "pending (`python -m hardbatch_experiments.recipes.simcse.probe start`)" in text
     assert "### Pilot runs (exploration, seed 0)\n\npending" in text
-    assert "proximity +1.00 [-0.24, +2.24] (n = 3, paired): within noise" in text  # verdict
-    assert "proximity+guided +" not in text.split("### Verdict")[1]  # n = 1: no verdict
+    verdict = text.split("### Verdict")[1]
+    # interim: 0 of the 5 planned seeds finished for every main arm (uniform, gcbs missing)
+    assert verdict.lstrip().startswith("**Pending, interim** (0 of 5 seeds")
+    assert ("- proximity graph + RWR: STS avg +1.00 [-0.24, +2.24] (n = 3, paired), within noise; "
+            "MRR@10 +10.00 [+10.00, +10.00] (n = 3, paired), beyond noise, better.") in verdict
+    assert "guided" not in verdict  # n = 1: no verdict
+    assert "In plain words" not in verdict  # only once every main arm has every seed
     assert "Training loss" in text and "proximity: 0.5 (steps 1-30)" in text
     assert arm_of(_run("proximity", 1, 0, 0, guide=0.5)) == "proximity+guided"
+
+
+def test_reinit_verdict_final_recommends_only_an_arm_beyond_noise(tmp_path):
+    folder = tmp_path / "reinit"
+    folder.mkdir()
+    seeds = (1, 2, 3, 4, 5)
+    gain = {"default": 0.0, "uniform": 0.1, "proximity": 1.0, "gcbs": -1.0}
+    for arm, g in gain.items():
+        for s in seeds:
+            jitter = {"default": 0.0, "uniform": 0.5 if s % 2 else -0.5}.get(arm, 0.05 * (s % 2))
+            v = 60.0 + s + g + jitter  # uniform: +0.1 on average, within noise
+            (folder / f"{arm}{s}.json").write_text(json.dumps(_run(arm, s, v, 0.5)))
+    verdict = "\n".join(reinit_section(tmp_path)).split("### Verdict")[1]
+    assert verdict.lstrip().startswith("**Verdict (5 paired seeds)**")
+    assert ("In plain words: proximity graph + RWR trained a better STS model than the default "
+            "sampler beyond seed noise; GCBS (library defaults) did worse. Recommended for "
+            "SimCSE-style training from a partly trained encoder: proximity graph + RWR."
+            ) in verdict

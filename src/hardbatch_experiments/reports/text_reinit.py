@@ -142,8 +142,8 @@ def _reasons(start: Path, c: dict) -> list[str]:
           + f", and a starting STS average {r0['sts']['avg'] - r['sts']['avg']:.1f} points below "
           "the fine-tuned model's, so there is room to move. Deeper re-initialisation does not "
           "raise the loss (presumably because layers drawn with std 0.02 stay close to the "
-          "identity on the residual stream; not tested) and costs more per step. The pilot run (below) checks that a "
-          "uniform run moves STS.")
+          "identity on the residual stream; not tested) and costs more per step. The pilot run "
+          "(below) checks that a uniform run moves STS.")
     hard = {r["reinit_layers"]: r for r in _records(start, "simcse-hardness")}.get(layers)
     if hard:
         uni = next(r for r in hard["rows"] if r["sampler"] == "uniform")
@@ -293,25 +293,71 @@ def _loss_reading(runs: list[dict]) -> list[str]:
     return ["Training loss (SimCSE, in each arm's own batches): " + "; ".join(parts) + ".\n"]
 
 
+#: the arms every confirmatory seed runs first (scripts/text_confirm.sh's ARMS)
+MAIN_ARMS = ("default", "uniform", "proximity", "gcbs")
+
+
+def _metric(r: dict, key: str) -> float:
+    return r["avg"] if key == "avg" else 100 * r["retrieval"][key]
+
+
+def _names(arms: list[str]) -> str:
+    """Arm labels in words: ``a``, ``a and b``, ``a, b and c``."""
+    labels = [ARM_LABEL.get(a, a) for a in arms]
+    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+
+
 def _verdict(pilots: list[dict], confirm: list[dict], c: dict) -> list[str]:
-    """The plain-language verdict: from the confirmatory pairs when there are some."""
+    """The plain-language verdict from the confirmatory pairs: interim while the main arms
+    have fewer than the planned seeds, final (with a recommendation) once they all have them."""
     L = ["### Verdict\n"]
-    by: dict[str, dict[int, float]] = defaultdict(dict)
+    planned = len(str(c.get("seeds", CHOICES["seeds"])).split())
+    by: dict[str, dict[int, dict]] = defaultdict(dict)
     for r in confirm:
-        by[arm_of(r)][r["seed"]] = r["avg"]
-    effects = {a: paired_effect(by[a], by.get("default", {})) for a in by if a != "default"}
-    effects = {a: e for a, e in effects.items() if e is not None and e.n >= 2}
+        by[arm_of(r)][r["seed"]] = r
+    done = min((len(by.get(a, {})) for a in MAIN_ARMS), default=0)
+    effects = {}
+    for a in [x for x in ARMS if x in by and x != "default"]:
+        e = {k: paired_effect({s: _metric(r, k) for s, r in by[a].items()},
+                              {s: _metric(r, k) for s, r in by.get("default", {}).items()})
+             for k in ("avg", "mrr@10")}
+        if e["avg"] is not None and e["avg"].n >= 2:
+            effects[a] = e
     if not effects:
-        L.append("**Pending**: no confirmatory pair has finished. What the pilots (exploration, "
-                 "one seed) show is in their table and loss line above; no effect is claimed "
-                 "from them.\n")
+        L.append(f"**Pending** ({done} of {planned} seeds finished for every main arm): fewer "
+                 "than two paired seeds per arm, so no effect is stated yet. The pilots "
+                 "(exploration, one seed) are in their table above; no effect is claimed from "
+                 "them.\n")
         return L
-    parts = [f"{a} {e.format(2)}: " + ("beyond noise, " + ("better" if e.mean > 0 else "worse")
-                                        if e.beyond_noise else "within noise")
-             for a, e in sorted(effects.items())]
-    L.append("STS avg against sentence-transformers' default sampler, paired by seed: "
-             + "; ".join(parts) + ". An arm counts as helping only when its interval excludes 0 "
-             "and the sign is positive.\n")
+
+    def word(e) -> str:
+        return ("beyond noise, " + ("better" if e.mean > 0 else "worse")) if e.beyond_noise \
+            else "within noise"
+
+    final = done >= planned
+    head = (f"**Verdict ({planned} paired seeds)**" if final else
+            f"**Pending, interim** ({done} of {planned} seeds finished for every main arm; "
+            "not a result yet)")
+    L.append(head + ": each arm against sentence-transformers' default sampler, paired by "
+             "seed (STS avg over 6 tasks, points; STS-B retrieval MRR@10 x 100):\n")
+    for a, e in effects.items():
+        mrr = e["mrr@10"]
+        L.append(f"- {ARM_LABEL.get(a, a)}: STS avg {e['avg'].format(2)}, {word(e['avg'])}; "
+                 f"MRR@10 {mrr.format(2)}, {word(mrr)}.")
+    L.append("")
+    if final:
+        better = [a for a, e in effects.items() if e["avg"].beyond_noise and e["avg"].mean > 0]
+        worse = [a for a, e in effects.items() if e["avg"].beyond_noise and e["avg"].mean < 0]
+        text = "In plain words: " + (
+            f"{_names(better)} trained a better STS model than "
+            "the default sampler beyond seed noise" if better else
+            "no sampler trained a better STS model than the default sampler beyond seed "
+            "noise") + (f"; {_names(worse)} did worse" if worse
+                        else "") + ". " + (
+            f"Recommended for SimCSE-style training from a partly trained encoder: "
+            f"{ARM_LABEL.get(max(better, key=lambda a: effects[a]['avg'].mean))}." if better
+            else "Recommended: keep the default sampler (or uniform).")
+        L.append(text + "\n")
     return L
 
 
