@@ -153,3 +153,17 @@ def test_margin_selection_table(tmp_path):
     assert "chosen: 0.05" in lines[0]
     assert "| 0.05 | 0.0007 | 0.520 | 0.003 |" in lines and "| 0.01 | 0.0000 | — | 0.000 |" in lines
     assert vision_sweep.margin_lines(tmp_path / "missing.json") == []
+
+
+def test_plain_answer_names_the_batch_sizes_where_proximity_helps():
+    from hardbatch_experiments.reports.paired import paired_effect
+
+    up = paired_effect({0: 0.52, 1: 0.53, 2: 0.54}, {0: 0.50, 1: 0.51, 2: 0.52})  # +2 points
+    flat = paired_effect({0: 0.50, 1: 0.53, 2: 0.49}, {0: 0.51, 1: 0.50, 2: 0.50})
+    text = vision_sweep.plain_answer({(0, 32): up, (0, 64): up, (0, 128): flat, (0, 256): flat})
+    assert text == ("In plain words: hard (proximity-graph) batches raised kNN accuracy beyond "
+                    "seed noise at B = 32 (by +2.00 points), 64 (by +2.00 points). Recommended: "
+                    "the proximity sampler at B <= 64.")
+    none = vision_sweep.plain_answer({(0, b): flat for b in (32, 64, 128, 256)})
+    assert "did not raise kNN accuracy beyond seed noise at any batch size tried (B = 32, 64, " \
+           "128, 256)" in none and none.endswith("uniform batches at every batch size.")

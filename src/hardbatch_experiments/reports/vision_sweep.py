@@ -298,7 +298,27 @@ def answer(effects: dict, main: dict, equal: dict) -> list[str]:
             "" if e.n < 2 else ", beyond noise" if e.beyond_noise else ", within noise"))
         lines.append(f"- Equal steps (both with B = 256's step count): {ARM_NAME[arm]} at B = 64 "
                      f"− uniform + InfoNCE at B = 256: {verdict}.")
+    if not left:
+        lines += ["", plain_answer(effects)]
     return lines
+
+
+def plain_answer(effects: dict) -> str:
+    """The answer in words once the sweep is complete: where proximity batches (with InfoNCE)
+    helped or hurt beyond noise, and the recommendation that follows."""
+    idx = COMPARISONS.index((("proximity", "infonce"), ("uniform", "infonce")))
+    found = {b: effects.get((idx, b)) for b in BATCHES}
+    helped = [b for b, e in found.items() if e and e.beyond_noise and e.mean > 0]
+    hurt = [b for b, e in found.items() if e and e.beyond_noise and e.mean < 0]
+    sizes = ", ".join(map(str, BATCHES))
+    text = ("In plain words: " + (
+        "hard (proximity-graph) batches raised kNN accuracy beyond seed noise at B = "
+        + ", ".join(f"{b} (by {100 * found[b].mean:+.2f} points)" for b in helped)
+        if helped else f"hard (proximity-graph) batches did not raise kNN accuracy beyond seed "
+                       f"noise at any batch size tried (B = {sizes})")
+        + (f"; they lowered it at B = {', '.join(map(str, hurt))}" if hurt else "") + ". ")
+    return text + (f"Recommended: the proximity sampler at B <= {max(helped)}." if helped else
+                   "Recommended: uniform batches at every batch size.")
 
 
 def figure(main: dict, effects: dict, path: Path) -> bool:
