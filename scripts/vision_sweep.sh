@@ -11,10 +11,12 @@
 # arm, then its equal-steps runs), then seed 1, ... so that complete pairs appear early.
 #
 #   nohup scripts/vision_sweep.sh > results/vision/sweep.log 2>&1 &
-#   WORKERS=2 SEEDS="0 1 2 3 4" scripts/vision_sweep.sh      # more seeds, two workers
+#   WORKERS=2 scripts/vision_sweep.sh                        # two workers
 #   DRY=1 scripts/vision_sweep.sh                            # list the commands only
 #
-# Env: OUT (results/vision/sweep), SEEDS ("0 1 2"), WORKERS (1), GUIDED_BATCHES ("64 32"),
+# Env: OUT (results/vision/sweep), SEEDS ("0 1 2"), MORE_SEEDS ("3 4": the primary comparison,
+#      uniform vs proximity with InfoNCE, at every B, after SEEDS; "" for none), WORKERS (1),
+#      GUIDED_BATCHES ("64 32"),
 #      MARGIN (guided arm; default: the chosen margin), TRAIN (8192 training images, a
 #      multiple of every B), IMAGES (81920 = 10 epochs of TRAIN), DATA_DIR, EXTRA (more
 #      arguments for every run), DRY (print the commands, run nothing).
@@ -24,6 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/vision/sweep}
 SEEDS=${SEEDS:-0 1 2}
+MORE_SEEDS=${MORE_SEEDS-3 4}
 WORKERS=${WORKERS:-1}
 TRAIN=${TRAIN:-8192}
 IMAGES=${IMAGES:-81920}
@@ -78,6 +81,12 @@ worker() {
         run proximity infonce "$seed" "$b" "$IMAGES" --guide "$REF" --guide-margin "$MARGIN" || rc=1
       done
     fi
+  done
+  # seeds 3 and 4 of the primary comparison (uniform vs proximity, InfoNCE) at every B
+  for seed in $MORE_SEEDS; do
+    for b in "${BATCHES[@]}"; do
+      for arm in "uniform infonce" "proximity infonce"; do run $arm "$seed" "$b" "$IMAGES" || rc=1; done
+    done
   done
   return $rc
 }

@@ -56,9 +56,9 @@ def test_sweep_effects_are_paired_t_intervals(tmp_path):
            "(3/0/0)" in row64
     assert "+10.00 (n = 1, paired; no interval)" in row64  # uniform + SSCL vs the baseline
     assert next(ln for ln in lines if ln.startswith("| 32 |")).count("—") == 4
-    assert vision_sweep.missing(main, equal) == 66 - 8
+    assert vision_sweep.missing(main, equal) == 82 - 8
     answer = vision_sweep.answer(effects, main, equal)
-    assert answer[0].startswith("**Answer: pending** — 8 of 66")
+    assert answer[0].startswith("**Answer: pending** — 8 of 82")
     assert "helps beyond noise at B = 64 (+2.00 [" in answer[1]
 
 
@@ -74,10 +74,10 @@ def test_sweep_section_and_page_render_partial_results(tmp_path, monkeypatch, ca
     _write(res / "sweep" / "reference", [_run("uniform", "infonce", 100, 256, 81920, 0.45)])
     assert vision.main(["--results", str(res)]) == 0
     out = capsys.readouterr().out
-    assert "[report vision] batch-size sweep: 8 runs, 58 planned runs missing" in out
+    assert "[report vision] batch-size sweep: 8 runs, 74 planned runs missing" in out
     page = (tmp_path / "out" / "reports" / "vision.md").read_text()
     assert page.count("\n# ") == 0 and page.startswith("# SimCLR on CIFAR-10")
-    assert "**Answer: pending** — 8 of 66 planned sweep runs finished." in page
+    assert "**Answer: pending** — 8 of 82 planned sweep runs finished." in page
     assert "## Earlier record (issue 7)" in page
     assert (tmp_path / "out" / "reports" / "figures" / "vision_batch_sweep.png").is_file()
     equal_row = next(ln for ln in page.splitlines() if ln.startswith("| proximity + InfoNCE | 320"))

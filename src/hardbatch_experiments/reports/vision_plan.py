@@ -11,7 +11,8 @@ from collections import defaultdict
 from .common import finite, md_row, md_rule
 
 __all__ = ["ARMS", "ARM_NAME", "BATCHES", "COMPARISONS", "EQUAL_STEPS_BATCH", "GUIDED",
-           "GUIDED_BATCHES", "PLANNED_SEEDS", "PROTOCOL", "budget_lines", "mean_text", "projected_cpu_s", "wall_seconds"]
+           "GUIDED_BATCHES", "MORE_SEEDS", "MORE_SEEDS_ARMS", "PLANNED_SEEDS", "PROTOCOL",
+           "budget_lines", "mean_text", "planned_seeds", "projected_cpu_s", "wall_seconds"]
 
 BATCHES = (32, 64, 128, 256)
 ARMS = (("uniform", "infonce"), ("proximity", "infonce"), ("uniform", "sscl"),
@@ -30,6 +31,14 @@ COMPARISONS = ((("proximity", "infonce"), ("uniform", "infonce")),
                (("proximity", "sscl"), ("uniform", "infonce")),
                (("proximity", "sscl"), ("uniform", "sscl")))
 PLANNED_SEEDS = (0, 1, 2)
+#: seeds 3 and 4 for the primary comparison at every B (main budget)
+MORE_SEEDS = (3, 4)
+MORE_SEEDS_ARMS = (("uniform", "infonce"), ("proximity", "infonce"))
+
+
+def planned_seeds(arm: tuple[str, str]) -> tuple[int, ...]:
+    """The seeds planned for ``arm`` (sampler, loss) at the main budget."""
+    return PLANNED_SEEDS + MORE_SEEDS if tuple(arm) in MORE_SEEDS_ARMS else PLANNED_SEEDS
 EQUAL_STEPS_BATCH = 64
 
 PROTOCOL = """### Protocol (written down before the sweep's results)
@@ -75,9 +84,11 @@ PROTOCOL = """### Protocol (written down before the sweep's results)
   embedding (which images look alike to a trained SimCLR model); each run's own embedding
   differs by arm, and an untrained one measures mostly colour. The false-negative rate (share of
   same-class pairs in a batch) is read from the labels.
-- Seeds 0, 1, 2 for every cell; seeds 3 and 4 are added where an interval of the proximity arms
-  straddles 0. Equal-steps view: B = 64 runs at B = 256's step count (a quarter of the images)
-  against the B = 256 runs of the same seed.
+- Seeds 0, 1, 2 for every cell; seeds 3 and 4 for the primary comparison (proximity + InfoNCE
+  vs uniform + InfoNCE) at every B, fixed before any of its intervals was seen (adding seeds
+  only where an interval straddles 0 would make the stopping depend on the data).
+  Equal-steps view: B = 64 runs at B = 256's step count (a quarter of the images) against the
+  B = 256 runs of the same seed.
 """
 
 
@@ -150,6 +161,16 @@ def budget_lines(runs: list[dict], main: dict, equal: dict, timing: list[dict],
                     "seeds 3 and 4 where an interval straddles 0 (each seed adds a third of the "
                     f"main and equal-steps cost). Hence {timing[0]['config']['train_size']:,} "
                     f"training images and {images:,} images seen per run.", ""]
+        extra = (sum(statistics.fmean(projected_cpu_s(r, images, 3) for r in per_b[b])
+                     for b in per_b) * len(MORE_SEEDS_ARMS) * len(MORE_SEEDS)
+                 + sum(statistics.fmean(projected_cpu_s(r, images, 3) for r in per_b[b])
+                       for b in GUIDED_BATCHES if b in per_b) * len(PLANNED_SEEDS))
+        out += [f"Added later, before their runs: the guided arm (B = "
+                f"{', '.join(map(str, GUIDED_BATCHES))}, {len(PLANNED_SEEDS)} seeds) and seeds "
+                f"{', '.join(map(str, MORE_SEEDS))} of the primary comparison at every B: "
+                f"{extra / 3600:.1f} more CPU-hours at the same rates, "
+                f"{(total + extra) / 3600:.1f} CPU-hours for the whole sweep "
+                f"({(total + extra) / 7200:.1f} hours with two workers on two free cores).", ""]
     done = [r for cell in list(main.values()) + list(equal.values()) for r in cell.values()]
     if done:
         out += ["Finished sweep runs: wall and CPU minutes per run (means):", "",

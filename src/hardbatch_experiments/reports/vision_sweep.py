@@ -20,10 +20,10 @@ from .common import fmt_mean_std, link, md_row, md_rule, pyplot, read_json, save
 from .paired import paired_effect, pooled_effect
 from .vision_plan import (ARM_NAME, ARMS, BATCHES, COMPARISONS, EQUAL_STEPS_BATCH, GUIDED,
                           GUIDED_BATCHES, PLANNED_SEEDS, PROTOCOL, budget_lines, mean_text,
-                          wall_seconds)
+                          planned_seeds, wall_seconds)
 
 __all__ = ["answer", "classify", "effects_table", "equal_steps_table", "guided_table",
-           "load_sweep", "missing", "section"]
+           "load_sweep", "margin_lines", "missing", "plain_answer", "planned_runs", "section"]
 
 
 def load_sweep(results: Path) -> list[dict]:
@@ -63,12 +63,21 @@ def classify(runs: list[dict]) -> tuple[dict, dict, list[dict], int | None]:
     return main, equal, other, budget
 
 
+def planned_runs() -> int:
+    """Runs the sweep plans: 4 B x 4 arms x seeds 0-2 (seeds 3-4 too for the primary
+    comparison's two arms), the 4 equal-steps arms and the guided arm at GUIDED_BATCHES, x seeds
+    0-2."""
+    return (sum(len(planned_seeds(arm)) for _ in BATCHES for arm in ARMS)
+            + (len(ARMS) + len(GUIDED_BATCHES)) * len(PLANNED_SEEDS))
+
+
 def missing(main: dict, equal: dict) -> int:
-    """Planned runs (4 B x 4 arms + the 4 equal-steps arms + the guided arm at GUIDED_BATCHES,
-    x PLANNED_SEEDS) not finished."""
-    planned = [(b, *arm) for b in BATCHES for arm in ARMS] + [(b, *GUIDED)
-                                                              for b in GUIDED_BATCHES]
-    return (sum(len(set(PLANNED_SEEDS) - set(main.get(c, {}))) for c in planned)
+    """Planned runs (:func:`planned_runs`) not finished."""
+    main_left = sum(len(set(planned_seeds(arm)) - set(main.get((b, *arm), {})))
+                    for b in BATCHES for arm in ARMS)
+    guided_left = sum(len(set(PLANNED_SEEDS) - set(main.get((b, *GUIDED), {})))
+                      for b in GUIDED_BATCHES)
+    return (main_left + guided_left
             + sum(len(set(PLANNED_SEEDS) - set(equal.get(a, {}))) for a in ARMS))
 
 
@@ -95,7 +104,8 @@ def accuracy_table(main: dict, key: str = "knn_accuracy") -> list[str]:
             steps |= {r["steps"] for r in cell.values()}
             lrs |= {r["config"]["lr"] for r in cell.values()}
             vals = list(_values(cell, key).values())
-            cells.append(f"{fmt_mean_std(vals, scale=100)} ({len(vals)}/{len(PLANNED_SEEDS)})"
+            cells.append(f"{fmt_mean_std(vals, scale=100)} ({len(vals)}/"
+                         f"{len(planned_seeds(arm))})"
                          if vals else "—")
         out.append(md_row([b, "/".join(map(str, sorted(steps))) or "—",
                            "/".join(f"{x:.2g}" for x in sorted(lrs)) or "—"] + cells))
@@ -253,7 +263,7 @@ def answer(effects: dict, main: dict, equal: dict) -> list[str]:
     """The plain-language answer at the top: 'pending' while the planned runs are incomplete,
     and what the finished pairs say so far."""
     left = missing(main, equal)
-    planned = ((len(BATCHES) + 1) * len(ARMS) + len(GUIDED_BATCHES)) * len(PLANNED_SEEDS)
+    planned = planned_runs()
     head = ("**Answer: pending** — " if left else "**Answer** — ") + (
         f"{planned - left} of {planned} planned sweep runs finished." if left
         else f"all {planned} planned sweep runs finished.")
@@ -396,7 +406,7 @@ def section(results: Path, page: Path) -> tuple[list[str], int, int]:
     eff_lines, effects = effects_table(main)
     lines = ["## Batch-size sweep (issue 21): do hard batches help a small batch?", ""]
     lines += answer(effects, main, equal) + [""]
-    lines += ["Accuracies in % (mean ± std over seeds, `k/3` seeds finished); every effect is the "
+    lines += ["Accuracies in % (mean ± std over seeds, `k/n`: k of the n planned seeds finished); every effect is the "
               "mean per-seed paired difference in points with its 95% t-interval, `+x.xx [lo, hi] "
               "(n = k, paired)`, then the sign count wins/losses/ties; **bold**: the interval "
               "excludes 0 (beyond noise). Runs: `scripts/vision_sweep.sh` (resumable; "
