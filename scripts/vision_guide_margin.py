@@ -5,9 +5,9 @@ The guide is the sweep's fixed reference encoder (a uniform + InfoNCE run at B =
 guide, ``Trainer(guide=, guide_margin=m)`` drops j as a negative of anchor i when
 cos(g_i, g_j) > 1 - m (``hardbatch.guided_mask(g, g, m)``). For each margin of a grid this script
 measures, in batches of the sweep's proximity arm built on the guide embedding (B = 64, M 500,
-K 100, alpha 0.2 as at the start of a run, one epoch; and over all pairs), how many in-batch pairs the mask drops and which share of them are
-same-class pairs (precision; CIFAR-10 labels, used for this choice only) and which share of the
-same-class pairs it drops (recall).
+K 100, alpha 0.2 as at the start of a run, one epoch; and over all pairs), how many in-batch
+pairs the mask drops and which share of them are same-class pairs (precision; CIFAR-10
+labels, used for this choice only) and which share of the same-class pairs it drops (recall).
 
 Rule, fixed before running it: the largest margin whose precision in proximity batches is at
 least 0.5, i.e. the mask removes at least as many false negatives as true ones. Writes

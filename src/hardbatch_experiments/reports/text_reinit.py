@@ -297,10 +297,6 @@ def _loss_reading(runs: list[dict]) -> list[str]:
 MAIN_ARMS = ("default", "uniform", "proximity", "gcbs")
 
 
-def _metric(r: dict, key: str) -> float:
-    return r["avg"] if key == "avg" else 100 * r["retrieval"][key]
-
-
 def _names(arms: list[str]) -> str:
     """Arm labels in words: ``a``, ``a and b``, ``a, b and c``."""
     labels = [ARM_LABEL.get(a, a) for a in arms]
@@ -318,8 +314,8 @@ def _verdict(pilots: list[dict], confirm: list[dict], c: dict) -> list[str]:
     done = min((len(by.get(a, {})) for a in MAIN_ARMS), default=0)
     effects = {}
     for a in [x for x in ARMS if x in by and x != "default"]:
-        e = {k: paired_effect({s: _metric(r, k) for s, r in by[a].items()},
-                              {s: _metric(r, k) for s, r in by.get("default", {}).items()})
+        e = {k: paired_effect({s: _value(r, k) for s, r in by[a].items()},
+                              {s: _value(r, k) for s, r in by.get("default", {}).items()})
              for k in ("avg", "mrr@10")}
         if e["avg"] is not None and e["avg"].n >= 2:
             effects[a] = e
@@ -343,7 +339,7 @@ def _verdict(pilots: list[dict], confirm: list[dict], c: dict) -> list[str]:
     for a, e in effects.items():
         mrr = e["mrr@10"]
         L.append(f"- {ARM_LABEL.get(a, a)}: STS avg {e['avg'].format(2)}, {word(e['avg'])}; "
-                 f"MRR@10 {mrr.format(2)}, {word(mrr)}.")
+                 f"MRR@10 {mrr.format(2, 100)}, {word(mrr)}.")
     L.append("")
     if final:
         better = [a for a, e in effects.items() if e["avg"].beyond_noise and e["avg"].mean > 0]

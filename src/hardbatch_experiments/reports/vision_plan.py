@@ -31,6 +31,7 @@ COMPARISONS = ((("proximity", "infonce"), ("uniform", "infonce")),
                (("proximity", "sscl"), ("uniform", "infonce")),
                (("proximity", "sscl"), ("uniform", "sscl")))
 PLANNED_SEEDS = (0, 1, 2)
+EQUAL_STEPS_BATCH = 64
 #: seeds 3 and 4 for the primary comparison at every B (main budget)
 MORE_SEEDS = (3, 4)
 MORE_SEEDS_ARMS = (("uniform", "infonce"), ("proximity", "infonce"))
@@ -39,7 +40,7 @@ MORE_SEEDS_ARMS = (("uniform", "infonce"), ("proximity", "infonce"))
 def planned_seeds(arm: tuple[str, str]) -> tuple[int, ...]:
     """The seeds planned for ``arm`` (sampler, loss) at the main budget."""
     return PLANNED_SEEDS + MORE_SEEDS if tuple(arm) in MORE_SEEDS_ARMS else PLANNED_SEEDS
-EQUAL_STEPS_BATCH = 64
+
 
 PROTOCOL = """### Protocol (written down before the sweep's results)
 
@@ -139,13 +140,13 @@ def budget_lines(runs: list[dict], main: dict, equal: dict, timing: list[dict],
                                r["steps"], f"{1000 * r['train_time_s'] / r['images_seen']:.1f}",
                                f"{r['eval_time_s'] / max(1, len(r['evals'])):.0f}",
                                f"{r['cpu_time_s'] / r['wall_time_s']:.2f}", f"{cpu / 60:.1f}"]))
-        main_cpu = sum(statistics.fmean(projected_cpu_s(r, images, 3) for r in rs)
-                       for rs in per_b.values()) * len(ARMS) * len(PLANNED_SEEDS)
+        full_cpu = {b: statistics.fmean(projected_cpu_s(r, images, 3) for r in rs)
+                    for b, rs in per_b.items()}  # projected CPU seconds of a full run, per B
+        main_cpu = sum(full_cpu.values()) * len(ARMS) * len(PLANNED_SEEDS)
         eq = per_b.get(EQUAL_STEPS_BATCH) or []
         eq_cpu = (statistics.fmean(projected_cpu_s(r, images // 4, 2) for r in eq)
                   * len(ARMS) * len(PLANNED_SEEDS)) if eq else 0.0
-        ref = per_b.get(256) or []
-        ref_cpu = statistics.fmean(projected_cpu_s(r, images, 3) for r in ref) if ref else 0.0
+        ref_cpu = full_cpu.get(256, 0.0)
         total = main_cpu + eq_cpu + ref_cpu
         ratio = statistics.fmean(r["cpu_time_s"] / r["wall_time_s"] for r in timing)
         out += ["", f"Sweep arithmetic (B with timing runs: {sorted(per_b)}): "
@@ -161,10 +162,8 @@ def budget_lines(runs: list[dict], main: dict, equal: dict, timing: list[dict],
                     "seeds 3 and 4 where an interval straddles 0 (each seed adds a third of the "
                     f"main and equal-steps cost). Hence {timing[0]['config']['train_size']:,} "
                     f"training images and {images:,} images seen per run.", ""]
-        extra = (sum(statistics.fmean(projected_cpu_s(r, images, 3) for r in per_b[b])
-                     for b in per_b) * len(MORE_SEEDS_ARMS) * len(MORE_SEEDS)
-                 + sum(statistics.fmean(projected_cpu_s(r, images, 3) for r in per_b[b])
-                       for b in GUIDED_BATCHES if b in per_b) * len(PLANNED_SEEDS))
+        extra = (sum(full_cpu.values()) * len(MORE_SEEDS_ARMS) * len(MORE_SEEDS)
+                 + sum(full_cpu.get(b, 0.0) for b in GUIDED_BATCHES) * len(PLANNED_SEEDS))
         out += [f"Added later, before their runs: the guided arm (B = "
                 f"{', '.join(map(str, GUIDED_BATCHES))}, {len(PLANNED_SEEDS)} seeds) and seeds "
                 f"{', '.join(map(str, MORE_SEEDS))} of the primary comparison at every B: "

@@ -18,9 +18,21 @@ from pathlib import Path
 
 from .common import fmt_mean_std, link, md_row, md_rule, pyplot, read_json, save_figure
 from .paired import paired_effect, pooled_effect
-from .vision_plan import (ARM_NAME, ARMS, BATCHES, COMPARISONS, EQUAL_STEPS_BATCH, GUIDED,
-                          GUIDED_BATCHES, PLANNED_SEEDS, PROTOCOL, budget_lines, mean_text,
-                          planned_seeds, wall_seconds)
+from .vision_plan import (
+    ARM_NAME,
+    ARMS,
+    BATCHES,
+    COMPARISONS,
+    EQUAL_STEPS_BATCH,
+    GUIDED,
+    GUIDED_BATCHES,
+    PLANNED_SEEDS,
+    PROTOCOL,
+    budget_lines,
+    mean_text,
+    planned_seeds,
+    wall_seconds,
+)
 
 __all__ = ["answer", "classify", "effects_table", "equal_steps_table", "guided_table",
            "load_sweep", "margin_lines", "missing", "plain_answer", "planned_runs", "section"]
@@ -63,22 +75,24 @@ def classify(runs: list[dict]) -> tuple[dict, dict, list[dict], int | None]:
     return main, equal, other, budget
 
 
+def _plan() -> list[tuple[str, tuple, tuple[int, ...]]]:
+    """The planned cells: ``(table, key, seeds)`` with table ``"main"`` (4 B x 4 arms, seeds
+    3-4 too for the primary comparison's two arms; the guided arm at GUIDED_BATCHES) or
+    ``"equal"`` (the 4 equal-steps arms)."""
+    return ([("main", (b, *arm), planned_seeds(arm)) for b in BATCHES for arm in ARMS]
+            + [("main", (b, *GUIDED), PLANNED_SEEDS) for b in GUIDED_BATCHES]
+            + [("equal", arm, PLANNED_SEEDS) for arm in ARMS])
+
+
 def planned_runs() -> int:
-    """Runs the sweep plans: 4 B x 4 arms x seeds 0-2 (seeds 3-4 too for the primary
-    comparison's two arms), the 4 equal-steps arms and the guided arm at GUIDED_BATCHES, x seeds
-    0-2."""
-    return (sum(len(planned_seeds(arm)) for _ in BATCHES for arm in ARMS)
-            + (len(ARMS) + len(GUIDED_BATCHES)) * len(PLANNED_SEEDS))
+    """Runs the sweep plans (:func:`_plan`)."""
+    return sum(len(seeds) for _, _, seeds in _plan())
 
 
 def missing(main: dict, equal: dict) -> int:
-    """Planned runs (:func:`planned_runs`) not finished."""
-    main_left = sum(len(set(planned_seeds(arm)) - set(main.get((b, *arm), {})))
-                    for b in BATCHES for arm in ARMS)
-    guided_left = sum(len(set(PLANNED_SEEDS) - set(main.get((b, *GUIDED), {})))
-                      for b in GUIDED_BATCHES)
-    return (main_left + guided_left
-            + sum(len(set(PLANNED_SEEDS) - set(equal.get(a, {}))) for a in ARMS))
+    """Planned runs (:func:`_plan`) not finished."""
+    tables = {"main": main, "equal": equal}
+    return sum(len(set(seeds) - set(tables[t].get(key, {}))) for t, key, seeds in _plan())
 
 
 def _values(cell: dict, key: str = "knn_accuracy") -> dict:
@@ -259,6 +273,14 @@ def pairing_table(runs: list[dict]) -> list[str]:
     return out
 
 
+def _noise_text(e) -> str:
+    """A paired effect in points for the answer lines, with its noise verdict (n >= 2)."""
+    if e is None:
+        return "no finished pair yet"
+    return e.format(2, 100) + ("" if e.n < 2 else ", beyond noise" if e.beyond_noise
+                               else ", within noise")
+
+
 def answer(effects: dict, main: dict, equal: dict) -> list[str]:
     """The plain-language answer at the top: 'pending' while the planned runs are incomplete,
     and what the finished pairs say so far."""
@@ -297,17 +319,14 @@ def answer(effects: dict, main: dict, equal: dict) -> list[str]:
     for b in GUIDED_BATCHES:
         e = paired_effect(_values(main.get((b, *GUIDED), {})),
                           _values(main.get((b, "proximity", "infonce"), {})))
-        guided.append(f"B = {b}: " + ("no finished pair yet" if e is None else e.format(2, 100) + (
-            "" if e.n < 2 else ", beyond noise" if e.beyond_noise else ", within noise")))
+        guided.append(f"B = {b}: {_noise_text(e)}")
     lines.append(f"- Guided false-negative masks ({ARM_NAME[GUIDED]} − proximity + InfoNCE): "
                  + "; ".join(guided) + ".")
     big = _values(main.get((256, "uniform", "infonce"), {}))
     for arm in (("proximity", "infonce"), ("uniform", "infonce")):
         e = paired_effect(_values(equal.get(arm, {})), big)
-        verdict = ("no finished pair yet" if e is None else e.format(2, 100) + (
-            "" if e.n < 2 else ", beyond noise" if e.beyond_noise else ", within noise"))
         lines.append(f"- Equal steps (both with B = 256's step count): {ARM_NAME[arm]} at B = 64 "
-                     f"− uniform + InfoNCE at B = 256: {verdict}.")
+                     f"− uniform + InfoNCE at B = 256: {_noise_text(e)}.")
     if not left:
         lines += ["", plain_answer(effects)]
     return lines
@@ -406,8 +425,8 @@ def section(results: Path, page: Path) -> tuple[list[str], int, int]:
     eff_lines, effects = effects_table(main)
     lines = ["## Batch-size sweep (issue 21): do hard batches help a small batch?", ""]
     lines += answer(effects, main, equal) + [""]
-    lines += ["Accuracies in % (mean ± std over seeds, `k/n`: k of the n planned seeds finished); every effect is the "
-              "mean per-seed paired difference in points with its 95% t-interval, `+x.xx [lo, hi] "
+    lines += ["Accuracies in % (mean ± std over seeds, `k/n`: k of the n planned seeds "
+              "finished); every effect is the mean per-seed paired difference in points with its 95% t-interval, `+x.xx [lo, hi] "
               "(n = k, paired)`, then the sign count wins/losses/ties; **bold**: the interval "
               "excludes 0 (beyond noise). Runs: `scripts/vision_sweep.sh` (resumable; "
               f"`{results}`).", ""]
