@@ -6,7 +6,8 @@
 The shared Wikipedia sentences (``wiki_sentences_100k.txt``) embedded with all-MiniLM-L6-v2
 (``_common.wiki_minilm``, cached). For each cosine threshold: items in groups of
 near-duplicates, number of groups, the largest group, whether every exact text copy is
-grouped with its copies (it must: equal texts have cosine 1), and the wall time. ``method="ivf"``
+grouped with its copies (it must: equal texts have cosine 1), the distinct texts of the largest
+group and its first sentences, and the wall time. ``method="ivf"``
 on all N sentences; the exact search on the first ``--exact-limit`` sentences, where the ivf
 keys are compared with the exact ones (share of exact pairs, i.e. of pairs of items the exact
 search puts in one group, that ivf puts in one group too).
@@ -41,8 +42,11 @@ def summary(keys: np.ndarray, texts: list[str]) -> dict:
     for i, t in enumerate(texts):
         j = first.setdefault(t, i)
         copies_kept &= bool(keys[i] == keys[j])
+    largest = np.flatnonzero(keys == sizes.argmax())
     return {"items_in_groups": int((sizes[keys] > 1).sum()), "groups": int((sizes > 1).sum()),
-            "largest_group": int(sizes.max()), "text_copies_grouped": copies_kept}
+            "largest_group": int(sizes.max()), "text_copies_grouped": copies_kept,
+            "largest_group_distinct_texts": len({texts[i] for i in largest}),
+            "largest_group_examples": [texts[i][:100] for i in largest[:3]]}
 
 
 def timed(fn, *args, **kwargs):
@@ -80,8 +84,9 @@ def main() -> None:
         print(f"cos > {t}: {r['items_in_groups']} of {len(x)} items in {r['groups']} groups "
               f"(largest {r['largest_group']}), text copies grouped: "
               f"{r['text_copies_grouped']}; ivf {ivf_s:.1f} s; exact on {len(small)}: "
-              f"{exact_s:.1f} s, ivf keeps {r['ivf_recall_of_exact_pairs']} of its pairs",
-              flush=True)
+              f"{exact_s:.1f} s, ivf keeps {r['ivf_recall_of_exact_pairs']} of its pairs; "
+              f"largest group: {r['largest_group_distinct_texts']} distinct texts, e.g. "
+              f"{r['largest_group_examples'][0]!r}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"command": "python benchmarks/bench_near_duplicates.py --json " + args.json,
