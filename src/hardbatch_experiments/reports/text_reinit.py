@@ -342,17 +342,27 @@ def _verdict(pilots: list[dict], confirm: list[dict], c: dict) -> list[str]:
                  f"MRR@10 {mrr.format(2, 100)}, {word(mrr)}.")
     L.append("")
     if final:
-        better = [a for a, e in effects.items() if e["avg"].beyond_noise and e["avg"].mean > 0]
-        worse = [a for a, e in effects.items() if e["avg"].beyond_noise and e["avg"].mean < 0]
-        text = "In plain words: " + (
-            f"{_names(better)} trained a better STS model than "
-            "the default sampler beyond seed noise" if better else
-            "no sampler trained a better STS model than the default sampler beyond seed "
-            "noise") + (f"; {_names(worse)} did worse" if worse
-                        else "") + ". " + (
-            f"Recommended for SimCSE-style training from a partly trained encoder: "
-            f"{ARM_LABEL.get(max(better, key=lambda a: effects[a]['avg'].mean))}." if better
-            else "Recommended: keep the default sampler (or uniform).")
+        def beyond(key: str, sign: int) -> list[str]:
+            return [a for a, e in effects.items()
+                    if e[key].beyond_noise and sign * e[key].mean > 0]
+
+        better, worse = beyond("avg", 1), beyond("avg", -1)
+        r_better, r_worse = beyond("mrr@10", 1), beyond("mrr@10", -1)
+        # recommend the largest STS gain among the arms that do not cost retrieval
+        pick = [a for a in better if a not in r_worse] or better
+        sts = (f"{_names(better)} trained a better STS model than the default sampler beyond "
+               "seed noise" if better else "no sampler trained a better STS model than the "
+               "default sampler beyond seed noise") + (f"; {_names(worse)} did worse"
+                                                       if worse else "")
+        retrieval = "On the STS-B retrieval view (MRR@10) " + (
+            f"{_names(r_better)} did better" if r_better
+            else "no sampler did better than the default beyond noise") + "".join(
+            f"; {ARM_LABEL.get(a, a)} did worse ({effects[a]['mrr@10'].format(2, 100)})"
+            for a in r_worse)
+        advice = (f"Recommended for SimCSE-style training from a partly trained encoder: "
+                  f"{ARM_LABEL.get(max(pick, key=lambda a: effects[a]['avg'].mean))}."
+                  if better else "Recommended: keep the default sampler (or uniform).")
+        text = f"In plain words: {sts}. {retrieval}. {advice}"
         L.append(text + "\n")
     return L
 
