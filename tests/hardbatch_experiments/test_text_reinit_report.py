@@ -57,7 +57,16 @@ def test_reinit_verdict_final_recommends_only_an_arm_beyond_noise(tmp_path):
             jitter = {"default": 0.0, "uniform": 0.5 if s % 2 else -0.5}.get(arm, 0.05 * (s % 2))
             v = 60.0 + s + g + jitter  # uniform: +0.1 on average, within noise
             (folder / f"{arm}{s}.json").write_text(json.dumps(_run(arm, s, v, 0.5)))
-    verdict = "\n".join(reinit_section(tmp_path)).split("### Verdict")[1]
+    text = "\n".join(reinit_section(tmp_path))
+    values = {arm: {s: 60.0 + s + g + ({"default": 0.0, "uniform": 0.5 if s % 2 else -0.5}
+                                       .get(arm, 0.05 * (s % 2))) for s in seeds}
+              for arm, g in gain.items()}
+    side = paired_effect(values["gcbs"], values["proximity"])
+    assert side.format(2) == "-2.00 [-2.00, -2.00] (n = 5, paired)"
+    assert ("Side comparisons (read after the runs, not pre-registered; STS avg): proximity vs "
+            f"uniform {paired_effect(values['proximity'], values['uniform']).format(2)}; ") in text
+    assert f"gcbs vs proximity {side.format(2)}." in text  # no guided arm: no guided comparison
+    verdict = text.split("### Verdict")[1]
     assert verdict.lstrip().startswith("**Verdict (5 paired seeds)**")
     assert ("In plain words: proximity graph + RWR trained a better STS model than the default "
             "sampler beyond seed noise; GCBS (library defaults) did worse. On the STS-B retrieval "

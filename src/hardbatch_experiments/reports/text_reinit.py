@@ -227,6 +227,12 @@ def _cost_table(path: Path) -> list[str]:
     return L
 
 
+#: pairs of arms compared besides each arm vs default: the sampler vs hardbatch's own uniform,
+#: the two graph samplers with each other, and the guided masks vs the same sampler without
+SIDE_COMPARISONS = (("proximity", "uniform"), ("gcbs", "uniform"), ("gcbs", "proximity"),
+                    ("proximity+guided", "proximity"))
+
+
 def _arm_table(runs: list[dict], title: str, start: dict[int, float],
                pending: str = "`WORKERS=2 scripts/text_confirm.sh`") -> list[str]:
     L: list[str] = []
@@ -266,11 +272,15 @@ def _arm_table(runs: list[dict], title: str, start: dict[int, float],
     missing = [a for a in ARMS if a not in by]
     if missing:
         w(f"\nPending arms: {', '.join(missing)}.")
-    prox, uni = by.get("proximity", {}), by.get("uniform", {})
-    eff = paired_effect({s: r["avg"] for s, r in prox.items()},
-                        {s: r["avg"] for s, r in uni.items()})
-    if eff:
-        w(f"\nproximity vs uniform, STS avg: {eff.format(2)}.")
+    side = []
+    for arm, other in SIDE_COMPARISONS:
+        eff = paired_effect({s: r["avg"] for s, r in by.get(arm, {}).items()},
+                            {s: r["avg"] for s, r in by.get(other, {}).items()})
+        if eff:
+            side.append(f"{arm} vs {other} {eff.format(2)}")
+    if side:
+        w("\nSide comparisons (read after the runs, not pre-registered; STS avg): "
+          + "; ".join(side) + ".")
     w("")
     return L
 
