@@ -57,6 +57,8 @@ def test_reinit_verdict_final_recommends_only_an_arm_beyond_noise(tmp_path):
             jitter = {"default": 0.0, "uniform": 0.5 if s % 2 else -0.5}.get(arm, 0.05 * (s % 2))
             v = 60.0 + s + g + jitter  # uniform: +0.1 on average, within noise
             (folder / f"{arm}{s}.json").write_text(json.dumps(_run(arm, s, v, 0.5)))
+    for s in (1, 2):  # an optional arm still running: shown apart, not in the verdict
+        (folder / f"knn{s}.json").write_text(json.dumps(_run("knn", s, 65.0 + s + s % 2, 0.5)))
     text = "\n".join(reinit_section(tmp_path))
     values = {arm: {s: 60.0 + s + g + ({"default": 0.0, "uniform": 0.5 if s % 2 else -0.5}
                                        .get(arm, 0.05 * (s % 2))) for s in seeds}
@@ -68,6 +70,8 @@ def test_reinit_verdict_final_recommends_only_an_arm_beyond_noise(tmp_path):
     assert f"gcbs vs proximity {side.format(2)}." in text  # no guided arm: no guided comparison
     verdict = text.split("### Verdict")[1].split("### Setting")[0]
     assert verdict.lstrip().startswith("**Verdict (5 paired seeds)**")
+    head, running = verdict.split("Still running (interim, not part of the verdict):")
+    assert "kNN" not in head and "- kNN sampler: STS avg" in running and "(n = 2, paired)" in running
     assert ("In plain words: proximity graph + RWR trained a better STS model than the default "
             "sampler beyond seed noise; GCBS (library defaults) did worse. On the STS-B retrieval "
             "view (MRR@10) no sampler did better than the default beyond noise. Recommended for "

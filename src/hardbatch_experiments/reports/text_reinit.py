@@ -346,11 +346,14 @@ def _verdict(pilots: list[dict], confirm: list[dict], c: dict) -> list[str]:
             "not a result yet)")
     L.append(head + ": each arm against sentence-transformers' default sampler, paired by "
              "seed (STS avg over 6 tasks, points; STS-B retrieval MRR@10 x 100):\n")
-    for a, e in effects.items():
+    def line(a: str, e: dict) -> str:
         mrr = e["mrr@10"]
-        L.append(f"- {ARM_LABEL.get(a, a)}: STS avg {e['avg'].format(2)}, {word(e['avg'])}; "
-                 f"MRR@10 {mrr.format(2, 100)}, {word(mrr)}.")
-    L.append("")
+        return (f"- {ARM_LABEL.get(a, a)}: STS avg {e['avg'].format(2)}, {word(e['avg'])}; "
+                f"MRR@10 {mrr.format(2, 100)}, {word(mrr)}.")
+
+    running = {a: e for a, e in effects.items() if final and e["avg"].n < planned}
+    effects = {a: e for a, e in effects.items() if a not in running}
+    L += [line(a, e) for a, e in effects.items()] + [""]
     if final:
         def beyond(key: str, sign: int) -> list[str]:
             return [a for a, e in effects.items()
@@ -374,6 +377,9 @@ def _verdict(pilots: list[dict], confirm: list[dict], c: dict) -> list[str]:
                   if better else "Recommended: keep the default sampler (or uniform).")
         text = f"In plain words: {sts}. {retrieval}. {advice}"
         L.append(text + "\n")
+    if running:  # arms after the main ones, still short of their seeds: not in the verdict
+        L += ["Still running (interim, not part of the verdict):\n"]
+        L += [line(a, e) for a, e in running.items()] + [""]
     return L
 
 
