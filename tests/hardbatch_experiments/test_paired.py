@@ -78,3 +78,5 @@ def test_effect_text_states_interval_signs_and_noise():
     one = paired_effect({0: 0.5}, {0: 0.25})
     assert effect_text(one) == "+0.25 (n = 1, paired; no interval), signs 1/0/0"
     assert effect_text(paired_effect({0: 1.0}, {1: 1.0})) == "no paired seeds"
+    assert effect_text(eff, signs=False) == "+2.00 [-0.48, +4.48] (n = 3, paired), within noise"
+    assert effect_text(None, missing="no finished pair yet") == "no finished pair yet"

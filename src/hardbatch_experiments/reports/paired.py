@@ -102,12 +102,15 @@ def pooled_effect(effects: Mapping) -> PairedEffect | None:
     return _effect([effects[k].mean for k in keys], keys)
 
 
-def effect_text(effect: PairedEffect | None, digits: int = 2, scale: float = 1.0) -> str:
+def effect_text(effect: PairedEffect | None, digits: int = 2, scale: float = 1.0, *,
+                signs: bool = True, missing: str = "no paired seeds") -> str:
     """One paired effect as the pages state it: ``+x.xx [lo, hi] (n = k, paired), signs w/l/t``
-    and, with two or more pairs, ``beyond noise`` (the interval excludes 0) or ``within noise``.
-    ``no paired seeds`` for None (the arms share no seed, so no effect is stated)."""
+    (without the sign count for ``signs=False``) and, with two or more pairs, ``beyond noise``
+    (the interval excludes 0) or ``within noise``. ``missing`` for None (the arms share no seed,
+    so no effect is stated)."""
     if effect is None:
-        return "no paired seeds"
+        return missing
     noise = ("" if effect.n < 2 else ", beyond noise" if effect.beyond_noise else
              ", within noise")
-    return f"{effect.format(digits, scale)}, signs {effect.signs()}{noise}"
+    count = f", signs {effect.signs()}" if signs else ""
+    return f"{effect.format(digits, scale)}{count}{noise}"

@@ -313,7 +313,7 @@ def _names(arms: list[str]) -> str:
     return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
 
 
-def _verdict(pilots: list[dict], confirm: list[dict], c: dict) -> list[str]:
+def _verdict(confirm: list[dict], c: dict) -> list[str]:
     """The plain-language verdict from the confirmatory pairs: interim while the main arms
     have fewer than the planned seeds, final (with a recommendation) once they all have them."""
     L = ["### Verdict\n"]
@@ -346,6 +346,7 @@ def _verdict(pilots: list[dict], confirm: list[dict], c: dict) -> list[str]:
             "not a result yet)")
     L.append(head + ": each arm against sentence-transformers' default sampler, paired by "
              "seed (STS avg over 6 tasks, points; STS-B retrieval MRR@10 x 100):\n")
+
     def line(a: str, e: dict) -> str:
         mrr = e["mrr@10"]
         return (f"- {ARM_LABEL.get(a, a)}: STS avg {e['avg'].format(2)}, {word(e['avg'])}; "
@@ -373,7 +374,7 @@ def _verdict(pilots: list[dict], confirm: list[dict], c: dict) -> list[str]:
             f"; {ARM_LABEL.get(a, a)} did worse ({effects[a]['mrr@10'].format(2, 100)})"
             for a in r_worse)
         advice = (f"Recommended for SimCSE-style training from a partly trained encoder: "
-                  f"{ARM_LABEL.get(max(pick, key=lambda a: effects[a]['avg'].mean))}."
+                  f"{_names([max(pick, key=lambda a: effects[a]['avg'].mean)])}."
                   if better else "Recommended: keep the default sampler (or uniform).")
         text = f"In plain words: {sts}. {retrieval}. {advice}"
         L.append(text + "\n")
@@ -431,7 +432,7 @@ def reinit_section(results: Path) -> list[str]:
          "matter there. This setting rebuilds a pre-trained encoder whose contrastive objective "
          "is far from solved, within the CPU budget.\n"]
     pilots, confirm = _runs(results / "pilot"), _runs(results / "reinit")
-    L += _verdict(pilots, confirm, c)
+    L += _verdict(confirm, c)
     L += ["### Setting\n",
           "- **Construction** (`hardbatch bench simcse --reinit-layers L`, "
           "`hardbatch_experiments/recipes/simcse/partial.py`): all-MiniLM-L6-v2 (offline package "

@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .common import fmt_mean_std, link, md_row, md_rule, pyplot, read_json, save_figure
-from .paired import paired_effect, pooled_effect
+from .paired import effect_text, paired_effect, pooled_effect
 from .vision_plan import (
     ARM_NAME,
     ARMS,
@@ -275,10 +275,7 @@ def pairing_table(runs: list[dict]) -> list[str]:
 
 def _noise_text(e) -> str:
     """A paired effect in points for the answer lines, with its noise verdict (n >= 2)."""
-    if e is None:
-        return "no finished pair yet"
-    return e.format(2, 100) + ("" if e.n < 2 else ", beyond noise" if e.beyond_noise
-                               else ", within noise")
+    return effect_text(e, 2, 100, signs=False, missing="no finished pair yet")
 
 
 def answer(effects: dict, main: dict, equal: dict) -> list[str]:
