@@ -80,3 +80,13 @@ def test_effect_text_states_interval_signs_and_noise():
     assert effect_text(paired_effect({0: 1.0}, {1: 1.0})) == "no paired seeds"
     assert effect_text(eff, signs=False) == "+2.00 [-0.48, +4.48] (n = 3, paired), within noise"
     assert effect_text(None, missing="no finished pair yet") == "no finished pair yet"
+
+
+def test_effect_text_direction_only_beyond_noise():
+    worse = paired_effect({0: 0.0, 1: 0.1, 2: 0.2}, {0: 1.0, 1: 1.2, 2: 1.3})  # d = -1, -1.1, -1.1
+    assert worse.beyond_noise and worse.mean < 0
+    assert effect_text(worse, signs=False, direction=True).endswith(", beyond noise, worse")
+    better = paired_effect({0: 1.0, 1: 1.2, 2: 1.3}, {0: 0.0, 1: 0.1, 2: 0.2})
+    assert effect_text(better, signs=False, direction=True).endswith(", beyond noise, better")
+    noisy = paired_effect({0: 1.0, 1: 2.0, 2: 3.0}, {0: 0.0, 1: 0.0, 2: 0.0})
+    assert effect_text(noisy, direction=True).endswith(", within noise")

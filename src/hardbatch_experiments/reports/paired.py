@@ -103,14 +103,18 @@ def pooled_effect(effects: Mapping) -> PairedEffect | None:
 
 
 def effect_text(effect: PairedEffect | None, digits: int = 2, scale: float = 1.0, *,
-                signs: bool = True, missing: str = "no paired seeds") -> str:
+                signs: bool = True, missing: str = "no paired seeds",
+                direction: bool = False) -> str:
     """One paired effect as the pages state it: ``+x.xx [lo, hi] (n = k, paired), signs w/l/t``
     (without the sign count for ``signs=False``) and, with two or more pairs, ``beyond noise``
-    (the interval excludes 0) or ``within noise``. ``missing`` for None (the arms share no seed,
+    (the interval excludes 0) or ``within noise``; ``direction=True`` adds ``better`` / ``worse``
+    after ``beyond noise`` (the sign of the mean). ``missing`` for None (the arms share no seed,
     so no effect is stated)."""
     if effect is None:
         return missing
     noise = ("" if effect.n < 2 else ", beyond noise" if effect.beyond_noise else
              ", within noise")
+    if direction and effect.n >= 2 and effect.beyond_noise:
+        noise += ", better" if effect.mean > 0 else ", worse"
     count = f", signs {effect.signs()}" if signs else ""
     return f"{effect.format(digits, scale)}{count}{noise}"

@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .common import md_row, md_rule, read_json
-from .paired import paired_effect
+from .paired import effect_text, paired_effect
 from .text_runs import SAMPLERS
 
 __all__ = ["ARMS", "CHOICES", "arm_of", "reinit_section", "saturated_paired"]
@@ -35,6 +35,12 @@ CHOICES = {
     "num_sentences": 20000, "steps": 1500, "lr": 5e-4, "refresh_every": 250,
     "guide_margin": 0.5, "seeds": "1 2 3 4 5",
 }
+
+
+
+def _stated(effect, scale: float = 1.0) -> str:
+    """A verdict line's effect: interval, n, noise and direction (no sign count)."""
+    return effect_text(effect, 2, scale, signs=False, direction=True)
 
 
 def arm_of(rec: dict) -> str:
@@ -336,10 +342,6 @@ def _verdict(confirm: list[dict], c: dict) -> list[str]:
                  "them.\n")
         return L
 
-    def word(e) -> str:
-        return ("beyond noise, " + ("better" if e.mean > 0 else "worse")) if e.beyond_noise \
-            else "within noise"
-
     final = done >= planned
     head = (f"**Verdict ({planned} paired seeds)**" if final else
             f"**Pending, interim** ({done} of {planned} seeds finished for every main arm; "
@@ -349,8 +351,8 @@ def _verdict(confirm: list[dict], c: dict) -> list[str]:
 
     def line(a: str, e: dict) -> str:
         mrr = e["mrr@10"]
-        return (f"- {ARM_LABEL.get(a, a)}: STS avg {e['avg'].format(2)}, {word(e['avg'])}; "
-                f"MRR@10 {mrr.format(2, 100)}, {word(mrr)}.")
+        return (f"- {ARM_LABEL.get(a, a)}: STS avg {_stated(e['avg'])}; "
+                f"MRR@10 {_stated(mrr, 100)}.")
 
     running = {a: e for a, e in effects.items() if final and e["avg"].n < planned}
     effects = {a: e for a, e in effects.items() if a not in running}

@@ -153,7 +153,7 @@ class CoverageProximitySampler(ProximityGraphSampler):
             for batch in inner:
                 yield batch
                 done += 1
-                if bool(self._walk_state.seen.all()) or self.offset + done >= self.budget:
+                if self.coverage >= 1.0 or self.offset + done >= self.budget:
                     break
         finally:
             inner.close()
