@@ -67,7 +67,8 @@ def test_reinit_verdict_final_recommends_only_an_arm_beyond_noise(tmp_path):
     assert side.format(2) == "-2.00 [-2.00, -2.00] (n = 5, paired)"
     assert ("Side comparisons (read after the runs, not pre-registered; STS avg): proximity vs "
             f"uniform {paired_effect(values['proximity'], values['uniform']).format(2)}; ") in text
-    assert f"gcbs vs proximity {side.format(2)}." in text  # no guided arm: no guided comparison
+    assert f"gcbs vs proximity {side.format(2)}; knn vs gcbs " in text
+    assert "proximity+guided vs" not in text  # no guided arm: no guided comparison
     verdict = text.split("### Verdict")[1].split("### Setting")[0]
     assert verdict.lstrip().startswith("**Verdict (5 paired seeds)**")
     head, running = verdict.split("Still running (interim, not part of the verdict):")
@@ -99,3 +100,26 @@ def test_reinit_verdict_names_a_retrieval_loss_and_recommends_around_it(tmp_path
     assert (f"no sampler did better than the default beyond noise; proximity graph + RWR did "
             f"worse ({mrr.format(2)})") in verdict
     assert verdict.rstrip().endswith("from a partly trained encoder: GCBS (library defaults).")
+
+
+def test_reinit_verdict_recommends_tied_arms_together(tmp_path):
+    """Two arms whose paired STS difference is within noise are recommended together, with
+    that difference; an arm clearly behind the best is left out."""
+    folder = tmp_path / "reinit"
+    folder.mkdir()
+    seeds = (1, 2, 3, 4, 5)
+    # knn - gcbs alternates +1 / -0.8 (mean +0.2, within noise); proximity 2 points behind
+    gain = {"default": lambda s: 0.0, "uniform": lambda s: 0.0,
+            "proximity": lambda s: 2.0 + 0.01 * s, "gcbs": lambda s: 4.0 + 0.01 * s,
+            "knn": lambda s: 4.0 + 0.01 * s + (1.0 if s % 2 else -0.8)}
+    values = {a: {s: 60.0 + s + g(s) for s in seeds} for a, g in gain.items()}
+    for arm, v in values.items():
+        for s in seeds:
+            (folder / f"{arm}{s}.json").write_text(json.dumps(_run(arm, s, v[s], 0.5)))
+    verdict = "\n".join(reinit_section(tmp_path)).split("### Verdict")[1].split("### Setting")[0]
+    tie = paired_effect(values["knn"], values["gcbs"])
+    assert not tie.beyond_noise and tie.mean > 0
+    assert verdict.rstrip().endswith(
+        "from a partly trained encoder: kNN sampler or GCBS (library defaults), tied (STS avg "
+        f"kNN sampler vs GCBS (library defaults) {tie.format(2)}, within noise): the largest "
+        "gain is not ahead beyond seed noise.")

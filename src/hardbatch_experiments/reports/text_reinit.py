@@ -236,7 +236,7 @@ def _cost_table(path: Path) -> list[str]:
 #: pairs of arms compared besides each arm vs default: the sampler vs hardbatch's own uniform,
 #: the two graph samplers with each other, and the guided masks vs the same sampler without
 SIDE_COMPARISONS = (("proximity", "uniform"), ("gcbs", "uniform"), ("gcbs", "proximity"),
-                    ("proximity+guided", "proximity"))
+                    ("proximity+guided", "proximity"), ("knn", "gcbs"), ("knn", "proximity"))
 
 
 def _arm_table(runs: list[dict], title: str, start: dict[int, float],
@@ -375,15 +375,33 @@ def _verdict(confirm: list[dict], c: dict) -> list[str]:
             else "no sampler did better than the default beyond noise") + "".join(
             f"; {ARM_LABEL.get(a, a)} did worse ({effects[a]['mrr@10'].format(2, 100)})"
             for a in r_worse)
-        advice = (f"Recommended for SimCSE-style training from a partly trained encoder: "
-                  f"{_names([max(pick, key=lambda a: effects[a]['avg'].mean)])}."
-                  if better else "Recommended: keep the default sampler (or uniform).")
+        advice = (_advice(pick, effects, by) if better
+                  else "Recommended: keep the default sampler (or uniform).")
         text = f"In plain words: {sts}. {retrieval}. {advice}"
         L.append(text + "\n")
     if running:  # arms after the main ones, still short of their seeds: not in the verdict
         L += ["Still running (interim, not part of the verdict):\n"]
         L += [line(a, e) for a, e in running.items()] + [""]
     return L
+
+
+def _advice(pick: list[str], effects: dict, by: dict) -> str:
+    """The recommendation: the largest STS gain of ``pick``, together with every other arm of
+    ``pick`` whose paired STS difference from it is within noise (a tie is not a ranking)."""
+    pick = sorted(pick, key=lambda a: -effects[a]["avg"].mean)
+    best, tied, gaps = pick[0], [pick[0]], []
+    for a in pick[1:]:
+        eff = paired_effect({s: _value(r, "avg") for s, r in by[best].items()},
+                            {s: _value(r, "avg") for s, r in by[a].items()})
+        if eff is not None and not eff.beyond_noise:
+            tied.append(a)
+            gaps.append(f"{ARM_LABEL.get(best, best)} vs {ARM_LABEL.get(a, a)} "
+                        f"{effect_text(eff, signs=False)}")
+    head = "Recommended for SimCSE-style training from a partly trained encoder: "
+    if len(tied) == 1:
+        return head + f"{_names(tied)}."
+    return (head + f"{_names(tied).replace(' and ', ' or ')}, tied (STS avg "
+            f"{'; '.join(gaps)}): the largest gain is not ahead beyond seed noise.")
 
 
 def saturated_paired(results: Path, tag: str = "n5120_steps80") -> list[str]:
