@@ -37,12 +37,6 @@ CHOICES = {
 }
 
 
-
-def _stated(effect, scale: float = 1.0) -> str:
-    """A verdict line's effect: interval, n, noise and direction (no sign count)."""
-    return effect_text(effect, 2, scale, signs=False, direction=True)
-
-
 def arm_of(rec: dict) -> str:
     """The arm name of a run: its sampler, ``+guided`` with a guided false-negative mask,
     ``+input dropout p`` and ``, S steps`` where those differ from the pre-registered ones."""
@@ -57,6 +51,16 @@ def arm_of(rec: dict) -> str:
 
 def _value(rec: dict, key: str) -> float:
     return rec["avg"] if key == "avg" else rec["retrieval"][key]
+
+
+def _seeds(runs: dict[int, dict], key: str = "avg") -> dict[int, float]:
+    """``{seed: value of key}`` of one arm's runs ``{seed: record}``."""
+    return {s: _value(r, key) for s, r in runs.items()}
+
+
+def _paired(runs: dict[int, dict], base: dict[int, dict], key: str = "avg"):
+    """The paired effect of one arm's runs minus another's on ``key`` (None: no shared seed)."""
+    return paired_effect(_seeds(runs, key), _seeds(base, key))
 
 
 def _runs(folder: Path) -> list[dict]:
@@ -267,11 +271,10 @@ def _arm_table(runs: list[dict], title: str, start: dict[int, float],
             cells.append(f"{statistics.mean(_value(r, key) for r in rs.values()) * scale:.2f}")
         hard = statistics.mean(r["diagnostics"]["mean_hardness"] for r in rs.values())
         cells.append(f"{hard:.3f}")
-        moved = paired_effect({s: r["avg"] for s, r in rs.items()}, start)
+        moved = paired_effect(_seeds(rs), start)
         cells.append(moved.format(2) if moved else "pending")
         for key, _, scale, digits in METRICS:
-            eff = paired_effect({s: _value(r, key) for s, r in rs.items()},
-                                {s: _value(r, key) for s, r in base.items()})
+            eff = _paired(rs, base, key)
             cells.append("baseline" if arm == "default" else
                          (eff.format(digits, scale) if eff else "pending"))
         w(md_row(cells))
@@ -280,8 +283,7 @@ def _arm_table(runs: list[dict], title: str, start: dict[int, float],
         w(f"\nPending arms: {', '.join(missing)}.")
     side = []
     for arm, other in SIDE_COMPARISONS:
-        eff = paired_effect({s: r["avg"] for s, r in by.get(arm, {}).items()},
-                            {s: r["avg"] for s, r in by.get(other, {}).items()})
+        eff = _paired(by.get(arm, {}), by.get(other, {}))
         if eff:
             side.append(f"{arm} vs {other} {eff.format(2)}")
     if side:
@@ -313,10 +315,11 @@ def _loss_reading(runs: list[dict]) -> list[str]:
 MAIN_ARMS = ("default", "uniform", "proximity", "gcbs")
 
 
-def _names(arms: list[str]) -> str:
-    """Arm labels in words: ``a``, ``a and b``, ``a, b and c``."""
+def _names(arms: list[str], conjunction: str = "and") -> str:
+    """Arm labels in words: ``a``, ``a and b``, ``a, b and c`` (or another ``conjunction``)."""
     labels = [ARM_LABEL.get(a, a) for a in arms]
-    return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
+    return (labels[0] if len(labels) == 1
+            else ", ".join(labels[:-1]) + f" {conjunction} " + labels[-1])
 
 
 def _verdict(confirm: list[dict], c: dict) -> list[str]:
@@ -330,9 +333,7 @@ def _verdict(confirm: list[dict], c: dict) -> list[str]:
     done = min((len(by.get(a, {})) for a in MAIN_ARMS), default=0)
     effects = {}
     for a in [x for x in ARMS if x in by and x != "default"]:
-        e = {k: paired_effect({s: _value(r, k) for s, r in by[a].items()},
-                              {s: _value(r, k) for s, r in by.get("default", {}).items()})
-             for k in ("avg", "mrr@10")}
+        e = {k: _paired(by[a], by.get("default", {}), k) for k in ("avg", "mrr@10")}
         if e["avg"] is not None and e["avg"].n >= 2:
             effects[a] = e
     if not effects:
@@ -349,10 +350,10 @@ def _verdict(confirm: list[dict], c: dict) -> list[str]:
     L.append(head + ": each arm against sentence-transformers' default sampler, paired by "
              "seed (STS avg over 6 tasks, points; STS-B retrieval MRR@10 x 100):\n")
 
-    def line(a: str, e: dict) -> str:
-        mrr = e["mrr@10"]
-        return (f"- {ARM_LABEL.get(a, a)}: STS avg {_stated(e['avg'])}; "
-                f"MRR@10 {_stated(mrr, 100)}.")
+    def line(a: str, e: dict) -> str:  # effects with interval, n, noise and direction
+        sts, mrr = (effect_text(e[k], 2, f, signs=False, direction=True)
+                    for k, f in (("avg", 1), ("mrr@10", 100)))
+        return f"- {ARM_LABEL.get(a, a)}: STS avg {sts}; MRR@10 {mrr}."
 
     running = {a: e for a, e in effects.items() if final and e["avg"].n < planned}
     effects = {a: e for a, e in effects.items() if a not in running}
@@ -391,8 +392,7 @@ def _advice(pick: list[str], effects: dict, by: dict) -> str:
     pick = sorted(pick, key=lambda a: -effects[a]["avg"].mean)
     best, tied, gaps = pick[0], [pick[0]], []
     for a in pick[1:]:
-        eff = paired_effect({s: _value(r, "avg") for s, r in by[best].items()},
-                            {s: _value(r, "avg") for s, r in by[a].items()})
+        eff = _paired(by[best], by[a])
         if eff is not None and not eff.beyond_noise:
             tied.append(a)
             gaps.append(f"{ARM_LABEL.get(best, best)} vs {ARM_LABEL.get(a, a)} "
@@ -400,7 +400,7 @@ def _advice(pick: list[str], effects: dict, by: dict) -> str:
     head = "Recommended for SimCSE-style training from a partly trained encoder: "
     if len(tied) == 1:
         return head + f"{_names(tied)}."
-    return (head + f"{_names(tied).replace(' and ', ' or ')}, tied (STS avg "
+    return (head + f"{_names(tied, 'or')}, tied (STS avg "
             f"{'; '.join(gaps)}): the largest gain is not ahead beyond seed noise.")
 
 
