@@ -159,11 +159,34 @@ def test_plain_answer_names_the_batch_sizes_where_proximity_helps():
     from hardbatch_experiments.reports.paired import paired_effect
 
     up = paired_effect({0: 0.52, 1: 0.53, 2: 0.54}, {0: 0.50, 1: 0.51, 2: 0.52})  # +2 points
+    down = paired_effect({0: 0.48, 1: 0.49, 2: 0.50}, {0: 0.50, 1: 0.51, 2: 0.52})  # -2 points
     flat = paired_effect({0: 0.50, 1: 0.53, 2: 0.49}, {0: 0.51, 1: 0.50, 2: 0.50})
-    text = vision_sweep.plain_answer({(0, 32): up, (0, 64): up, (0, 128): flat, (0, 256): flat})
-    assert text == ("In plain words: hard (proximity-graph) batches raised kNN accuracy beyond "
-                    "seed noise at B = 32 (by +2.00 points), 64 (by +2.00 points). Recommended: "
-                    "the proximity sampler at B <= 64.")
-    none = vision_sweep.plain_answer({(0, b): flat for b in (32, 64, 128, 256)})
-    assert "did not raise kNN accuracy beyond seed noise at any batch size tried (B = 32, 64, " \
-           "128, 256)" in none and none.endswith("uniform batches at every batch size.")
+    sampler = {(0, 32): up, (0, 64): up, (0, 128): flat, (0, 256): down}
+    text = vision_sweep.plain_answer(sampler)
+    assert text.startswith("In plain words. Hard (proximity-graph) batches with InfoNCE raised kNN "
+                           "accuracy beyond seed noise at B = 32 (by +2.00 points), 64 (by +2.00 "
+                           "points); they lowered it at B = 256 (by -2.00 points).")
+    assert "SSCL's synthetic hard negatives (uniform batches) did not raise" in text
+    assert text.endswith("Recommended: the proximity sampler at B <= 64.")
+    assert "same number of updates" not in text  # no equal-steps effect given
+
+
+def test_plain_answer_recommends_sscl_when_only_the_loss_helps_and_states_equal_steps():
+    from hardbatch_experiments.reports.paired import paired_effect
+
+    up = paired_effect({0: 0.52, 1: 0.53, 2: 0.54}, {0: 0.50, 1: 0.51, 2: 0.52})
+    flat = paired_effect({0: 0.50, 1: 0.53, 2: 0.49}, {0: 0.51, 1: 0.50, 2: 0.50})
+    effects = {(i, b): flat for i in range(4) for b in (32, 64, 128, 256)}
+    effects[(1, 64)] = effects[(1, 256)] = up
+    short = paired_effect({0: 0.40, 1: 0.41, 2: 0.43}, {0: 0.45, 1: 0.46, 2: 0.47})
+    text = vision_sweep.plain_answer(effects, short)
+    assert ("Hard (proximity-graph) batches with InfoNCE did not raise kNN accuracy beyond seed "
+            "noise at any batch size tried (B = 32, 64, 128, 256).") in text
+    assert ("SSCL's synthetic hard negatives (uniform batches) raised kNN accuracy beyond seed "
+            "noise at B = 64 (by +2.00 points), 256 (by +2.00 points).") in text
+    assert "Proximity batches on top of SSCL did not raise" in text
+    assert "a proximity batch of 64 fell short of a uniform batch of 256 (-4.67 [" in text
+    assert text.endswith("Recommended: uniform batches with SSCL (it helped at B = 64, 256); "
+                         "proximity batches added nothing measurable in this setting.")
+    none = vision_sweep.plain_answer({(i, b): flat for i in range(4) for b in (32, 64, 128)})
+    assert none.endswith("Recommended: uniform batches with InfoNCE at every batch size.")

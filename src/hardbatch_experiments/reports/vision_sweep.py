@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .common import fmt_mean_std, link, md_row, md_rule, pyplot, read_json, save_figure
-from .paired import effect_text, paired_effect, pooled_effect
+from .paired import paired_effect, pooled_effect
 from .vision_plan import (
     ARM_NAME,
     ARMS,
@@ -33,6 +33,7 @@ from .vision_plan import (
     planned_seeds,
     wall_seconds,
 )
+from .vision_answer import noise_text, plain_answer
 
 __all__ = ["answer", "classify", "effects_table", "equal_steps_table", "guided_table",
            "load_sweep", "margin_lines", "missing", "plain_answer", "planned_runs", "section"]
@@ -273,11 +274,6 @@ def pairing_table(runs: list[dict]) -> list[str]:
     return out
 
 
-def _noise_text(e) -> str:
-    """A paired effect in points for the answer lines, with its noise verdict (n >= 2)."""
-    return effect_text(e, 2, 100, signs=False, missing="no finished pair yet")
-
-
 def answer(effects: dict, main: dict, equal: dict) -> list[str]:
     """The plain-language answer at the top: 'pending' while the planned runs are incomplete,
     and what the finished pairs say so far."""
@@ -287,8 +283,9 @@ def answer(effects: dict, main: dict, equal: dict) -> list[str]:
         f"{planned - left} of {planned} planned sweep runs finished." if left
         else f"all {planned} planned sweep runs finished.")
     lines = [head]
-    for arm, base in COMPARISONS[:1] + COMPARISONS[3:]:
-        idx = COMPARISONS.index((arm, base))
+    for idx, (arm, base) in enumerate(COMPARISONS):
+        if idx == 2:  # proximity + SSCL − uniform + InfoNCE: the sum of the two effects
+            continue
         helped = [b for b in BATCHES if effects.get((idx, b)) and effects[(idx, b)].beyond_noise
                   and effects[(idx, b)].mean > 0]
         hurt = [b for b in BATCHES if effects.get((idx, b)) and effects[(idx, b)].beyond_noise
@@ -308,43 +305,25 @@ def answer(effects: dict, main: dict, equal: dict) -> list[str]:
                 f"{b} ({effects[(idx, b)].format(2, 100)})" for b in null))
         if few:
             parts.append(f"has one seed only at B = {', '.join(map(str, few))}")
-        what = (f"The proximity sampler with {ARM_NAME[arm].split(' + ')[1]} (vs "
-                f"{ARM_NAME[base]}, kNN accuracy, paired by seed)")
+        what = f"{ARM_NAME[arm]} − {ARM_NAME[base]} (kNN accuracy, paired by seed)"
         lines.append(f"- {what} " + ("; ".join(parts) if parts else "has no finished pair yet")
                      + ".")
     guided = []
     for b in GUIDED_BATCHES:
         e = paired_effect(_values(main.get((b, *GUIDED), {})),
                           _values(main.get((b, "proximity", "infonce"), {})))
-        guided.append(f"B = {b}: {_noise_text(e)}")
+        guided.append(f"B = {b}: {noise_text(e)}")
     lines.append(f"- Guided false-negative masks ({ARM_NAME[GUIDED]} − proximity + InfoNCE): "
                  + "; ".join(guided) + ".")
     big = _values(main.get((256, "uniform", "infonce"), {}))
+    steps = {}
     for arm in (("proximity", "infonce"), ("uniform", "infonce")):
-        e = paired_effect(_values(equal.get(arm, {})), big)
+        steps[arm] = paired_effect(_values(equal.get(arm, {})), big)
         lines.append(f"- Equal steps (both with B = 256's step count): {ARM_NAME[arm]} at B = 64 "
-                     f"− uniform + InfoNCE at B = 256: {_noise_text(e)}.")
+                     f"− uniform + InfoNCE at B = 256: {noise_text(steps[arm])}.")
     if not left:
-        lines += ["", plain_answer(effects)]
+        lines += ["", plain_answer(effects, steps[("proximity", "infonce")])]
     return lines
-
-
-def plain_answer(effects: dict) -> str:
-    """The answer in words once the sweep is complete: where proximity batches (with InfoNCE)
-    helped or hurt beyond noise, and the recommendation that follows."""
-    idx = COMPARISONS.index((("proximity", "infonce"), ("uniform", "infonce")))
-    found = {b: effects.get((idx, b)) for b in BATCHES}
-    helped = [b for b, e in found.items() if e and e.beyond_noise and e.mean > 0]
-    hurt = [b for b, e in found.items() if e and e.beyond_noise and e.mean < 0]
-    sizes = ", ".join(map(str, BATCHES))
-    text = ("In plain words: " + (
-        "hard (proximity-graph) batches raised kNN accuracy beyond seed noise at B = "
-        + ", ".join(f"{b} (by {100 * found[b].mean:+.2f} points)" for b in helped)
-        if helped else f"hard (proximity-graph) batches did not raise kNN accuracy beyond seed "
-                       f"noise at any batch size tried (B = {sizes})")
-        + (f"; they lowered it at B = {', '.join(map(str, hurt))}" if hurt else "") + ". ")
-    return text + (f"Recommended: the proximity sampler at B <= {max(helped)}." if helped else
-                   "Recommended: uniform batches at every batch size.")
 
 
 def figure(main: dict, effects: dict, path: Path) -> bool:
