@@ -49,14 +49,19 @@ bench() {  # arguments of hardbatch bench simclr
   python -m hardbatch bench simclr "$@" ${EXTRA:-}
 }
 
+_results() { find "$OUT" -maxdepth 1 -name '*.json' | wc -l; }
+
 run() {  # sampler loss seed batch images [more arguments]
+  local before; before=$(_results)
   # the proximity graph is rebuilt once per epoch of the training subset (TRAIN / B steps)
   # kNN evaluation before training, every 5 epochs (half-way) and at the end (+ linear probe)
   bench "${COMMON[@]}" --sampler "$1" --loss "$2" --seed-list "$3" --batch-size "$4" \
     --images "$5" --refresh-every $((TRAIN / $4)) --eval-every $((5 * TRAIN / $4)) \
     --reference "$REF" --out "$OUT" "${@:6}"
   local rc=$?
-  [[ -z "${DRY:-}" ]] && { python scripts/report_vision.py --in-place > /dev/null 2>&1 || true; }
+  # refresh the page only when a run finished (a skipped run adds no JSON)
+  [[ -z "${DRY:-}" && $(_results) != "$before" ]] && {
+    python scripts/report_vision.py --in-place > /dev/null 2>&1 || true; }
   return $rc
 }
 
