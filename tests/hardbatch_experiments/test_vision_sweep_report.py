@@ -165,7 +165,8 @@ def test_plain_answer_names_the_batch_sizes_where_proximity_helps():
     text = vision_sweep.plain_answer(sampler)
     assert text.startswith("In plain words. Hard (proximity-graph) batches with InfoNCE raised kNN "
                            "accuracy beyond seed noise at B = 32 (by +2.00 points), 64 (by +2.00 "
-                           "points); they lowered it at B = 256 (by -2.00 points).")
+                           "points); they lowered it at B = 256 (by -2.00 points) (mean over the 4 "
+                           "batch sizes: +0.58 [")
     assert "SSCL's synthetic hard negatives (uniform batches) did not raise" in text
     assert text.endswith("Recommended: the proximity sampler at B <= 64.")
     assert "same number of updates" not in text  # no equal-steps effect given
@@ -175,18 +176,36 @@ def test_plain_answer_recommends_sscl_when_only_the_loss_helps_and_states_equal_
     from hardbatch_experiments.reports.paired import paired_effect
 
     up = paired_effect({0: 0.52, 1: 0.53, 2: 0.54}, {0: 0.50, 1: 0.51, 2: 0.52})
-    flat = paired_effect({0: 0.50, 1: 0.53, 2: 0.49}, {0: 0.51, 1: 0.50, 2: 0.50})
-    effects = {(i, b): flat for i in range(4) for b in (32, 64, 128, 256)}
+    flat = {b: paired_effect({0: 0.50, 1: 0.53, 2: 0.49}, {0: 0.51 + d, 1: 0.50, 2: 0.50})
+            for b, d in zip((32, 64, 128, 256), (-0.01, 0.0, 0.01, 0.02))}
+    effects = {(i, b): flat[b] for i in range(4) for b in (32, 64, 128, 256)}
     effects[(1, 64)] = effects[(1, 256)] = up
     short = paired_effect({0: 0.40, 1: 0.41, 2: 0.43}, {0: 0.45, 1: 0.46, 2: 0.47})
     text = vision_sweep.plain_answer(effects, short)
     assert ("Hard (proximity-graph) batches with InfoNCE did not raise kNN accuracy beyond seed "
-            "noise at any batch size tried (B = 32, 64, 128, 256).") in text
+            "noise at any batch size tried (B = 32, 64, 128, 256) (mean over the 4 batch sizes: "
+            "+0.17 [") in text
     assert ("SSCL's synthetic hard negatives (uniform batches) raised kNN accuracy beyond seed "
-            "noise at B = 64 (by +2.00 points), 256 (by +2.00 points).") in text
+            "noise at B = 64 (by +2.00 points), 256 (by +2.00 points) (mean over the 4") in text
     assert "Proximity batches on top of SSCL did not raise" in text
+    assert "read as chance" not in text
     assert "a proximity batch of 64 fell short of a uniform batch of 256 (-4.67 [" in text
-    assert text.endswith("Recommended: uniform batches with SSCL (it helped at B = 64, 256); "
-                         "proximity batches added nothing measurable in this setting.")
-    none = vision_sweep.plain_answer({(i, b): flat for i in range(4) for b in (32, 64, 128)})
+    assert text.endswith("Recommended: uniform batches with SSCL at every batch size tried "
+                         "(beyond noise at B = 64, 256; mean over B +1.17 points); proximity "
+                         "batches added nothing measurable in this setting.")
+    none = vision_sweep.plain_answer({k: v for k, v in effects.items() if k[0] != 1})
     assert none.endswith("Recommended: uniform batches with InfoNCE at every batch size.")
+
+
+def test_plain_answer_reads_a_lone_effect_with_a_null_mean_as_chance():
+    from hardbatch_experiments.reports.paired import paired_effect
+
+    up = paired_effect({0: 0.52, 1: 0.53, 2: 0.54}, {0: 0.50, 1: 0.51, 2: 0.52})
+    noise = [paired_effect({0: 0.50, 1: 0.53, 2: 0.49}, {0: 0.51 + d, 1: 0.50, 2: 0.50})
+             for d in (0.03, 0.04, 0.05)]
+    effects = {(0, 32): up, (0, 64): noise[0], (0, 128): noise[1], (0, 256): noise[2]}
+    text = vision_sweep.plain_answer(effects)
+    assert "raised kNN accuracy beyond seed noise at B = 32 (by +2.00 points)" in text
+    assert "within noise); a single B beyond noise with the mean over B within noise is read " \
+           "as chance" in text
+    assert text.endswith("Recommended: uniform batches with InfoNCE at every batch size.")
