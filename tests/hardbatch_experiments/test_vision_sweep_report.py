@@ -59,7 +59,11 @@ def test_sweep_effects_are_paired_t_intervals(tmp_path):
     assert vision_sweep.missing(main, equal) == 82 - 8
     answer = vision_sweep.answer(effects, main, equal)
     assert answer[0].startswith("**Answer: pending** — 8 of 82")
-    assert "helps beyond noise at B = 64 (+2.00 [" in answer[1]
+    assert answer[1] == ("- proximity + InfoNCE − uniform + InfoNCE (kNN accuracy, paired by seed) "
+                         f"helps beyond noise at B = 64 ({e.format(2, 100)}).")
+    assert answer[2].endswith("uniform + InfoNCE (kNN accuracy, paired by seed) has one seed "
+                              "only at B = 64.")  # uniform + SSCL
+    assert answer[3].endswith("(kNN accuracy, paired by seed) has no finished pair yet.")
 
 
 def test_sweep_section_and_page_render_partial_results(tmp_path, monkeypatch, capsys):

@@ -5,9 +5,9 @@ what the finished sweep says in words, from the paired effects of
 from __future__ import annotations
 
 from .paired import PairedEffect, effect_text, pooled_effect
-from .vision_plan import BATCHES, COMPARISONS
+from .vision_plan import ARM_NAME, BATCHES, COMPARISONS
 
-__all__ = ["noise_text", "plain_answer"]
+__all__ = ["comparison_line", "noise_text", "plain_answer"]
 
 
 def noise_text(e: PairedEffect | None) -> str:
@@ -26,6 +26,25 @@ def _where(effects: dict, comparison: tuple, sign: int) -> list[int]:
 def _sizes(effects: dict, comparison: tuple, batches: list[int]) -> str:
     idx = COMPARISONS.index(comparison)
     return ", ".join(f"{b} (by {100 * effects[(idx, b)].mean:+.2f} points)" for b in batches)
+
+
+def comparison_line(effects: dict, comparison: tuple) -> str:
+    """One bullet of the (pending or final) answer: where ``comparison`` (one of COMPARISONS)
+    helps or hurts beyond noise, where it is within noise, where one seed only is finished."""
+    idx = COMPARISONS.index(comparison)
+    null = [b for b in BATCHES if effects.get((idx, b)) is not None and effects[(idx, b)].n >= 2
+            and not effects[(idx, b)].beyond_noise]
+    few = [b for b in BATCHES if effects.get((idx, b)) is not None and effects[(idx, b)].n < 2]
+    parts = [f"{verb} at B = " + ", ".join(f"{b} ({effects[(idx, b)].format(2, 100)})"
+                                          for b in sizes)
+             for verb, sizes in (("helps beyond noise", _where(effects, comparison, +1)),
+                                 ("hurts beyond noise", _where(effects, comparison, -1)),
+                                 ("is within seed noise", null)) if sizes]
+    if few:
+        parts.append(f"has one seed only at B = {', '.join(map(str, few))}")
+    arm, base = comparison
+    return (f"- {ARM_NAME[arm]} − {ARM_NAME[base]} (kNN accuracy, paired by seed) "
+            + ("; ".join(parts) if parts else "has no finished pair yet") + ".")
 
 
 def _pooled(effects: dict, comparison: tuple) -> PairedEffect | None:

@@ -33,7 +33,7 @@ from .vision_plan import (
     planned_seeds,
     wall_seconds,
 )
-from .vision_answer import noise_text, plain_answer
+from .vision_answer import comparison_line, noise_text, plain_answer
 
 __all__ = ["answer", "classify", "effects_table", "equal_steps_table", "guided_table",
            "load_sweep", "margin_lines", "missing", "plain_answer", "planned_runs", "section"]
@@ -286,28 +286,7 @@ def answer(effects: dict, main: dict, equal: dict) -> list[str]:
     for idx, (arm, base) in enumerate(COMPARISONS):
         if idx == 2:  # proximity + SSCL − uniform + InfoNCE: the sum of the two effects
             continue
-        helped = [b for b in BATCHES if effects.get((idx, b)) and effects[(idx, b)].beyond_noise
-                  and effects[(idx, b)].mean > 0]
-        hurt = [b for b in BATCHES if effects.get((idx, b)) and effects[(idx, b)].beyond_noise
-                and effects[(idx, b)].mean < 0]
-        null = [b for b in BATCHES if effects.get((idx, b)) and effects[(idx, b)].n >= 2
-                and not effects[(idx, b)].beyond_noise]
-        few = [b for b in BATCHES if effects.get((idx, b)) and effects[(idx, b)].n < 2]
-        parts = []
-        if helped:
-            parts.append("helps beyond noise at B = " + ", ".join(
-                f"{b} ({effects[(idx, b)].format(2, 100)})" for b in helped))
-        if hurt:
-            parts.append("hurts beyond noise at B = " + ", ".join(
-                f"{b} ({effects[(idx, b)].format(2, 100)})" for b in hurt))
-        if null:
-            parts.append("is within seed noise at B = " + ", ".join(
-                f"{b} ({effects[(idx, b)].format(2, 100)})" for b in null))
-        if few:
-            parts.append(f"has one seed only at B = {', '.join(map(str, few))}")
-        what = f"{ARM_NAME[arm]} − {ARM_NAME[base]} (kNN accuracy, paired by seed)"
-        lines.append(f"- {what} " + ("; ".join(parts) if parts else "has no finished pair yet")
-                     + ".")
+        lines.append(comparison_line(effects, (arm, base)))
     guided = []
     for b in GUIDED_BATCHES:
         e = paired_effect(_values(main.get((b, *GUIDED), {})),
