@@ -343,7 +343,7 @@ def figure(main: dict, effects: dict, path: Path) -> bool:
                 lo.append(100 * (e.mean - e.lo) if e.n >= 2 else 0.0)
                 hi.append(100 * (e.hi - e.mean) if e.n >= 2 else 0.0)
         if xs:
-            ax2.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3,
+            ax2.errorbar(xs, ys, yerr=[lo, hi], marker="s", capsize=3, color=f"C{4 + i}",
                          label=f"{ARM_NAME[arm]} − {ARM_NAME[base]}")
     ax2.axhline(0, color="grey", lw=0.8)
     ax2.set_ylabel("paired Δ kNN accuracy (points), 95% CI")
