@@ -1,6 +1,6 @@
 """The package layout holds: light library imports, no cycles, no private names across modules.
 
-Static checks over ``src/`` (the AST of every module) and one subprocess that imports every
+Static checks over ``src/`` and ``experiments/src/`` (the AST of every module) and one subprocess that imports every
 library module and looks at ``sys.modules``.
 """
 
@@ -15,22 +15,23 @@ from pathlib import Path
 import pytest
 from support import REPO
 
-SRC = REPO / "src"
-PACKAGES = ("hardbatch", "hardbatch_experiments")
+SRC = {"hardbatch": REPO / "src", "hardbatch_experiments": REPO / "experiments" / "src"}
+PACKAGES = tuple(SRC)
 HEAVY = ("hardbatch_experiments", "sklearn", "matplotlib", "transformers", "sentence_transformers",
          "torch_geometric", "lightning", "pytorch_lightning")
 MAX_LIBRARY_LINES = 500
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC).with_suffix("").parts)
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
 def modules(package: str) -> dict[str, Path]:
-    return {module_name(p): p for p in sorted((SRC / package).rglob("*.py"))}
+    root = SRC[package]
+    return {module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
 
 
 def resolve(current: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -163,6 +164,24 @@ def test_importing_the_library_loads_no_experiment_or_optional_package():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=REPO)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_library_wheel_holds_only_the_library():
+    """``pip install .`` ships ``hardbatch`` alone: setuptools finds only it under ``src/``,
+    and the experiments are a distribution of their own (``experiments/pyproject.toml``)
+    that registers its commands under the ``hardbatch.commands`` entry points."""
+    import tomllib
+    from setuptools import find_packages
+
+    library = tomllib.loads((REPO / "pyproject.toml").read_text())
+    find = library["tool"]["setuptools"]["packages"]["find"]
+    found = find_packages(str(REPO / find["where"][0]), include=find["include"])
+    assert found and {p.split(".")[0] for p in found} == {"hardbatch"}
+    assert "entry-points" not in library["project"]
+    experiments = tomllib.loads((REPO / "experiments" / "pyproject.toml").read_text())
+    assert "hardbatch" in experiments["project"]["dependencies"]
+    assert set(experiments["project"]["entry-points"]["hardbatch.commands"]) == \
+        {"demo", "bench", "eval"}
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -117,8 +117,24 @@ def similarity_threshold(x: np.ndarray, y: np.ndarray, quantile: float, seed: in
         bound = every.kthvalue(every.numel() - keep + 1).values
         above = torch.cat([v[v >= bound] for v in values])
         if above.numel() >= top:
-            return float(above.kthvalue(above.numel() - top + 1).values)
-    return float(torch.cat(values).kthvalue(k).values)
+            return _threshold(above, above.kthvalue(above.numel() - top + 1).values)
+    values = torch.cat(values)
+    return _threshold(values, values.kthvalue(k).values)
+
+
+def _threshold(values: torch.Tensor, value: torch.Tensor) -> float:
+    """The threshold for the quantile's ``value``: halfway between it and the next sampled
+    similarity above it by more than a gap (``value + gap`` when none is), so that pairs equal
+    to the quantile's value stay below it, as in the paper (``sims > value``). The gap, 1e-5,
+    is far above the rounding differences of float32 products between BLAS kernels and
+    blockings (about 1e-7 for unit rows): every sampled pair lies at least half a gap from the
+    threshold, and ``sims > threshold`` decides it the same way whatever product computed it
+    (another block, kernel or machine). Where the sample is the whole matrix (N up to 3,162 at
+    the default sample size) the pairs are machine-independent."""
+    gap = 1e-5 * max(1.0, abs(float(value)))
+    higher = values[values > value + gap]
+    high = float(value) + gap if not higher.numel() else float(higher.min())
+    return float(np.float32((float(value) + high) / 2))
 
 
 def resolve_method(method: str, n: int) -> str:

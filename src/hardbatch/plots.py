@@ -1,7 +1,7 @@
 """Diagnostic plots of batch plans (BatchSampler, KDD 2023, Fig. 4 and Fig. 5).
 
 matplotlib is imported inside the functions, so ``import hardbatch`` never imports it (install
-it with ``pip install hardbatch[demo]``). Figures are drawn on an Agg canvas without pyplot:
+it with ``pip install hardbatch[plots]``). Figures are drawn on an Agg canvas without pyplot:
 no display is needed and the caller's pyplot backend and figures are left alone.
 """
 
@@ -26,7 +26,7 @@ def _new_figure(entries: int = 1):
         from matplotlib.figure import Figure
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("hardbatch.plots needs matplotlib: pip install matplotlib "
-                          "(or hardbatch[demo])") from exc
+                          "(or hardbatch[plots])") from exc
     fig = Figure(figsize=(7.0, 4.2 + 0.22 * entries), dpi=120)
     FigureCanvasAgg(fig)
     return fig, fig.add_subplot()

@@ -116,7 +116,14 @@ def test_threshold_is_exact_when_all_rows_fit(rng):
     x = unit_rows(rng, 200, 6)
     thr = similarity_threshold(x, x, 0.99)
     _, ref_thr, _ = dense_gcbs_reference(x, x, 0.99, 0)
-    assert thr == pytest.approx(ref_thr, abs=1e-5)
+    # the threshold lies halfway between the exact quantile's value and the next similarity
+    # above it (more than 1e-5 higher): no pair within 5e-6 of it, the same pairs pass
+    s = x.astype(np.float64) @ x.T.astype(np.float64)
+    np.fill_diagonal(s, -np.inf)
+    higher = s[s > ref_thr + 1e-5].min()
+    assert ref_thr < thr < higher
+    assert np.abs(s - thr).min() >= 5e-6 - 1e-7
+    assert ((s > thr) == (s > ref_thr)).all()
 
 
 def test_threshold_estimate_from_sampled_rows(rng):
@@ -382,8 +389,10 @@ def test_benchmark_measures_match_plain_references(rng):
         same = sum(labels[p] == labels[q] for p in b for q in b if p != q)
         assert fn[i] == pytest.approx(same / (16 * 15))
     x = unit_rows(rng, 500, 6)
-    assert plain_threshold(x, 0.99) == pytest.approx(similarity_threshold(x, x, 0.99), abs=1e-6)
     thr = similarity_threshold(x, x, 0.99)
+    s = x.astype(np.float64) @ x.T.astype(np.float64)
+    np.fill_diagonal(s, -np.inf)
+    assert ((s > plain_threshold(x, 0.99)) == (s > thr)).all()  # the same pairs pass
     assert torch.equal(dense_reference(x, 0.99, seed=3, rows=64, threshold=thr),
                        hb.gcbs_permutation(x, 0.99, seed=3, method="exact", min_partners=0))
 

@@ -1,4 +1,5 @@
-"""Fixtures shared by the whole suite; plain helpers live in ``support.py``."""
+"""Fixtures shared by the whole suite (tests/ and experiments/tests/); plain helpers live in
+``tests/support.py``."""
 
 from pathlib import Path
 

@@ -328,7 +328,7 @@ def _run_demo(cfg: DemoConfig, echo: Callable[[str], None]) -> dict:
             try:
                 results["files"] = _write_plots(rows, out, cfg)
             except ImportError as exc:
-                echo(f"plots skipped ({exc}); pip install 'hardbatch[demo]' for matplotlib")
+                echo(f"plots skipped ({exc}); pip install matplotlib")
         results["files"].append(str(out / "results.json"))
         with open(out / "results.json", "w", encoding="utf-8") as fh:
             json.dump(results, fh, indent=1, allow_nan=True)

@@ -37,8 +37,8 @@ class DataNotFoundError(FileNotFoundError):
 
 
 def _repo_default() -> Path:
-    # src/hardbatch_experiments/datasets.py -> <repo>; the shared data folder sits beside it.
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
+    # experiments/src/hardbatch_experiments/datasets.py -> <repo>; the shared data folder sits beside it.
+    return Path(__file__).resolve().parents[3].parent / "shared" / "data"
 
 
 def data_root(path: str | os.PathLike | None = None) -> Path:
@@ -77,7 +77,7 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     try:
         from sklearn.datasets import load_digits as _sk_load_digits
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("load_digits needs scikit-learn: pip install 'hardbatch[demo]'") from exc
+        raise ImportError("load_digits needs scikit-learn: pip install scikit-learn (a dependency of hardbatch-experiments)") from exc
     bunch = _sk_load_digits()
     x = torch.from_numpy(np.asarray(bunch.data, dtype=np.float32) / 16.0)
     y = torch.from_numpy(np.asarray(bunch.target, dtype=np.int64))
