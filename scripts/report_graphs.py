@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Build the graphs results page: `hardbatch_experiments.reports.graphs`, same options
-(``--out PAGE``, default out/reports/graphs.md; ``--in-place`` for docs/results/graphs.md)."""
+"""Fill the tables (and draw the figures) of docs/results/graphs.md from results/graphs/:
+`hardbatch_experiments.reports.graphs` (`--in-place` rewrites the page, else
+out/reports/graphs.md)."""
 
 from hardbatch_experiments.reports.graphs import main
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Build the text results page: `hardbatch_experiments.reports.text`, same options
-(``--out PAGE``, default out/reports/text.md; ``--in-place`` for docs/results/text.md)."""
+"""Fill the tables (and draw the figures) of docs/results/text.md from results/text/:
+`hardbatch_experiments.reports.text` (`--in-place` rewrites the page, else
+out/reports/text.md)."""
 
 from hardbatch_experiments.reports.text import main
 

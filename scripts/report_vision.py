@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Build the vision results page: `hardbatch_experiments.reports.vision`, same options
-(``--out PAGE``, default out/reports/vision.md; ``--in-place`` for docs/results/vision.md)."""
+"""Fill the tables (and draw the figures) of docs/results/vision.md from results/vision/:
+`hardbatch_experiments.reports.vision` (`--in-place` rewrites the page, else
+out/reports/vision.md)."""
 
 from hardbatch_experiments.reports.vision import main
 

@@ -14,7 +14,7 @@ N, B = 1000, 64  # contract tests: fixed embeddings
 # Every sampler configuration of the contract suite: each walk, both graphs, kNN, GCBS.
 KINDS = ["uniform", "knn", "proximity", "proximity_decay", "bfs", "dfs", "rw", "knn_graph", "gcbs"]
 PARTITIONS = {"uniform", "gcbs"}  # samplers whose epoch partitions the items
-PREFETCH_KINDS = [k for k in KINDS if k not in PARTITIONS]  # samplers with a planner thread
+PREFETCH_KINDS = [k for k in KINDS if k not in PARTITIONS]  # samplers with a prefetch thread
 
 
 def make(kind: str, emb, refresh_every=5, batch_size: int = B, **kw):

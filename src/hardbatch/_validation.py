@@ -72,36 +72,85 @@ def to_numpy_2d(x, name: str) -> np.ndarray:
     return x
 
 
-def as_embeddings(x, name: str = "embeddings", normalize: bool = False) -> np.ndarray:
-    """Validated float32 C-contiguous [N, d] copy-free view where possible.
+def embedding_tensor(x, name: str = "embeddings", *, finite: bool = True) -> torch.Tensor:
+    """``x`` as a validated float32 contiguous ``[N, d]`` tensor on its own device.
 
-    Raises ``ValueError`` for wrong rank, empty data, non-numeric dtype and NaN/inf.
-    With ``normalize=True`` rows are L2-normalised (zero rows stay zero).
+    A tensor stays where it is (a CUDA tensor never visits the host); an array becomes a CPU
+    tensor sharing its memory where possible. ``ValueError`` for a wrong rank, empty data, a
+    non-numeric dtype and (``finite``) NaN / inf, naming ``name`` and the first bad row.
+
+    Example:
+        >>> import numpy as np
+        >>> from hardbatch._validation import embedding_tensor
+        >>> embedding_tensor(np.ones((40, 8))).dtype
+        torch.float32
+        >>> try:
+        ...     embedding_tensor(np.full((40, 8), np.nan))
+        ... except ValueError as err:
+        ...     print(str(err).split(";")[0])
+        embeddings contains NaN or inf (first at row 0)
     """
-    x = to_numpy_2d(x, name)
-    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+    if not isinstance(x, torch.Tensor):
+        x = to_numpy_2d(x, name)
+        if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+            raise ValueError(f"{name} must hold numbers, got dtype {x.dtype}")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        x = torch.from_numpy(x if x.flags.writeable else x.copy())
+    check_matrix_shape(x.shape, name)
+    if x.is_complex() or x.dtype == torch.bool:
         raise ValueError(f"{name} must hold numbers, got dtype {x.dtype}")
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    finite = np.isfinite(x)
-    if not finite.all():
-        row = int(np.flatnonzero(~finite.all(axis=1))[0])
+    x = x.detach().to(torch.float32).contiguous()
+    if finite and not bool(torch.isfinite(x).all()):
+        row = int((~torch.isfinite(x).all(dim=1)).nonzero()[0, 0])
         raise ValueError(f"{name} contains NaN or inf (first at row {row}); check the encoder "
                          "output (e.g. a diverged loss or fp16 overflow) before sampling")
-    return l2_normalize_rows(x) if normalize else x
+    return x
 
 
-def l2_normalize_rows(x: np.ndarray) -> np.ndarray:
-    """Rows of the float ``[N, d]`` array ``x`` divided by their L2 norm (zero rows stay zero).
+def as_embeddings(x, name: str = "embeddings", normalize: bool = False) -> np.ndarray:
+    """:func:`embedding_tensor` as a CPU float32 array (with ``normalize``: unit rows, by
+    :func:`l2_normalize_rows`), a view of ``x`` where possible.
 
-    Scale-safe: a row whose largest entry is >= 1 is first divided by a power of two that brings
-    it into ``[0.5, 1)``, so its squared norm cannot overflow (float32 ``|x|`` above ~1e19 did,
-    making the row zero); the division is exact, so other rows' results are unchanged bit for
-    bit. A row with norm below 1e-12 is divided by 1e-12 (not scaled up).
+    Example:
+        >>> import numpy as np
+        >>> from hardbatch._validation import as_embeddings
+        >>> as_embeddings(np.full((40, 8), 2.0), normalize=True)[0, :2]
+        array([0.35355338, 0.35355338], dtype=float32)
     """
-    _, exponent = np.frexp(np.abs(x).max(axis=1, initial=0.0))
-    scale = np.ldexp(np.ones((), x.dtype), -np.maximum(exponent, 0))
-    x = x * scale[:, None].astype(x.dtype, copy=False)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    t = embedding_tensor(x, name)
+    return (l2_normalize_rows(t) if normalize else t).cpu().numpy()
+
+
+def l2_normalize_rows(x: torch.Tensor) -> torch.Tensor:
+    """``F.normalize(x, dim=1)``, scale-safe, with a zero gradient at an all-zero row: the one
+    row normaliser of the library (losses, samplers, graphs, GCBS, metrics).
+
+    On the CPU, when every row's norm is finite and non-zero, exactly ``F.normalize``'s
+    operations. Otherwise (and on other devices, to avoid a sync) every row whose largest entry
+    is >= 1 is first divided by the power of two that brings it into ``[0.5, 1)``: its squared
+    norm cannot overflow (float32 rows above ~1e19 became zero), and since the division is exact,
+    values and gradients equal ``F.normalize``'s bit for bit otherwise. An all-zero row is
+    multiplied by 0, so it stays zero with a zero gradient (``F.normalize`` gives it
+    ``1 / eps = 1e12``, ``inf`` once cast back to fp16). A row of norm below 1e-12 is divided by
+    1e-12, as by ``F.normalize``.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch._validation import l2_normalize_rows
+        >>> l2_normalize_rows(torch.tensor([[3e30, -4e30], [0.0, 0.0]]))
+        tensor([[ 0.6000, -0.8000],
+                [ 0.0000,  0.0000]])
+    """
+    if x.device.type == "cpu" and x.shape[0]:
+        norm = x.norm(2, 1, keepdim=True)  # F.normalize's own steps, when nothing is special
+        low, high = torch.aminmax(norm.detach())
+        if float(low) > 0 and float(high) < math.inf:
+            return x / norm.clamp_min(1e-12).expand_as(x)
+    amax = x.detach().abs().amax(dim=1)
+    _, exponent = torch.frexp(amax)
+    scale = torch.ldexp(torch.ones_like(amax), -exponent.clamp(min=0))
+    scale = torch.where(amax > 0, scale, torch.zeros_like(scale))
+    return torch.nn.functional.normalize(x * scale[:, None], dim=1)
 
 
 def to_numpy_index_table(x, name: str) -> np.ndarray:

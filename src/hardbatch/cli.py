@@ -40,7 +40,17 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryEr
 
 def run_guarded(prog: str, func, args) -> int:
     """``func(args)`` as a command's exit code: :data:`USER_ERRORS` become ``prog: error:
-    MESSAGE`` on stderr and exit code 2, Ctrl-C exit code 130; other exceptions propagate."""
+    MESSAGE`` on stderr and exit code 2, Ctrl-C exit code 130; other exceptions propagate.
+
+    Example:
+        >>> from hardbatch.cli import run_guarded
+        >>> def command(args):
+        ...     raise ValueError("batch_size=0 must be >= 1")
+        >>> run_guarded("hardbatch demo", command, None)  # 'hardbatch demo: error: ...' on stderr
+        2
+        >>> run_guarded("hardbatch demo", lambda args: None, None)
+        0
+    """
     try:
         return int(func(args) or 0)
     except USER_ERRORS as exc:
@@ -64,7 +74,14 @@ def _add_plugin_commands(subparsers) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``hardbatch`` parser: ``inspect`` and every command of the ``hardbatch.commands``
-    entry points."""
+    entry points.
+
+    Example:
+        >>> from hardbatch.cli import build_parser
+        >>> args = build_parser().parse_args(["inspect", "emb.npy", "--sampler", "uniform,gcbs"])
+        >>> args.command, args.embeddings, args.sampler, args.func.__name__
+        ('inspect', 'emb.npy', 'uniform,gcbs', 'run_inspect')
+    """
     parser = argparse.ArgumentParser(
         prog="hardbatch",
         description="Hard-negative mini-batches for contrastive learning: samplers, losses, "
@@ -78,7 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``hardbatch`` console script; returns the exit code."""
+    """Entry point of the ``hardbatch`` console script; returns the exit code.
+
+    Example:
+        >>> from hardbatch.cli import main
+        >>> main(["inspect", "missing.npy"])  # 'hardbatch inspect: error: ...' on stderr
+        2
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:

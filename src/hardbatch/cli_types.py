@@ -34,17 +34,50 @@ def _integer_at_least(text: str, low: int, what: str) -> int:
 
 
 def positive_int(text: str) -> int:
-    """An integer >= 1."""
+    """An integer >= 1.
+
+    Example:
+        >>> import argparse
+        >>> from hardbatch.cli_types import positive_int
+        >>> parser = argparse.ArgumentParser()
+        >>> _ = parser.add_argument("--epochs", type=positive_int)
+        >>> parser.parse_args(["--epochs", "3"]).epochs
+        3
+        >>> positive_int("0")
+        Traceback (most recent call last):
+            ...
+        argparse.ArgumentTypeError: expected a positive integer, got '0'
+    """
     return _integer_at_least(text, 1, "a positive integer")
 
 
 def nonnegative_int(text: str) -> int:
-    """An integer >= 0."""
+    """An integer >= 0.
+
+    Example:
+        >>> from hardbatch.cli_types import nonnegative_int
+        >>> nonnegative_int("0"), nonnegative_int("12")
+        (0, 12)
+        >>> nonnegative_int("-1")
+        Traceback (most recent call last):
+            ...
+        argparse.ArgumentTypeError: expected an integer >= 0, got '-1'
+    """
     return _integer_at_least(text, 0, "an integer >= 0")
 
 
 def positive_float(text: str) -> float:
-    """A finite number > 0."""
+    """A finite number > 0.
+
+    Example:
+        >>> from hardbatch.cli_types import positive_float
+        >>> positive_float("1e-3")
+        0.001
+        >>> positive_float("inf")
+        Traceback (most recent call last):
+            ...
+        argparse.ArgumentTypeError: expected a positive number, got 'inf'
+    """
     try:
         value = float(text)
     except ValueError:
@@ -55,7 +88,17 @@ def positive_float(text: str) -> float:
 
 
 def temperature(text: str) -> float:
-    """A finite temperature >= the losses' smallest (``hardbatch._validation.MIN_TEMPERATURE``)."""
+    """A finite temperature >= the losses' smallest (``hardbatch._validation.MIN_TEMPERATURE``).
+
+    Example:
+        >>> from hardbatch.cli_types import temperature
+        >>> temperature("1e-40")
+        Traceback (most recent call last):
+            ...
+        argparse.ArgumentTypeError: expected a temperature >= ... got '1e-40'
+        >>> temperature("0.05")
+        0.05
+    """
     value = positive_float(text)
     if value < MIN_TEMPERATURE:
         raise argparse.ArgumentTypeError(
@@ -78,10 +121,32 @@ def _unit_interval(text: str, open_ends: bool) -> float:
 
 
 def probability(text: str) -> float:
-    """A number in ``[0, 1]`` (e.g. a restart probability)."""
+    """A number in ``[0, 1]`` (e.g. a restart probability).
+
+    Example:
+        >>> from hardbatch.cli_types import probability
+        >>> [probability(text) for text in ("0", "0.2", "1")]
+        [0.0, 0.2, 1.0]
+        >>> probability("nan")
+        Traceback (most recent call last):
+            ...
+        argparse.ArgumentTypeError: expected a number in [0, 1], got 'nan'
+    """
     return _unit_interval(text, open_ends=False)
 
 
 def open_probability(text: str) -> float:
-    """A number in ``(0, 1)`` (e.g. a similarity quantile)."""
+    """A number in ``(0, 1)`` (e.g. a similarity quantile).
+
+    Example:
+        >>> import argparse
+        >>> from hardbatch.cli_types import open_probability
+        >>> open_probability("0.999")
+        0.999
+        >>> try:
+        ...     open_probability("1")
+        ... except argparse.ArgumentTypeError as exc:
+        ...     print(exc)
+        expected a number in (0, 1), got '1'
+    """
     return _unit_interval(text, open_ends=True)

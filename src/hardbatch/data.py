@@ -40,6 +40,17 @@ class IndexedDataset(torch.utils.data.Dataset):
 
     ``item[0]`` is the int index, so the default collate turns a batch into an int64 ``[B]``
     tensor of the sampler's ids, which ``bank.update`` takes as is.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch import IndexedDataset
+        >>> data = IndexedDataset(torch.arange(40.0).reshape(10, 4), transform=lambda x: x + 1)
+        >>> i, view1, view2 = data[3]
+        >>> i, view1.tolist()
+        (3, [13.0, 14.0, 15.0, 16.0])
+        >>> idx, x1, x2 = next(iter(torch.utils.data.DataLoader(data, batch_sampler=[[3, 0, 7]])))
+        >>> idx, tuple(x1.shape)
+        (tensor([3, 0, 7]), (3, 4))
     """
 
     def __init__(self, dataset, transform: Callable | None = None, views: int = 2) -> None:
@@ -78,7 +89,15 @@ def _is_index(value, position: int) -> bool:
 
 def looks_indexed(dataset) -> bool:
     """True when ``dataset``'s items already start with their index: an
-    :class:`IndexedDataset`, or items 0 and 1 that are tuples starting with 0 and 1."""
+    :class:`IndexedDataset`, or items 0 and 1 that are tuples starting with 0 and 1.
+
+    Example:
+        >>> from hardbatch.data import IndexedDataset, looks_indexed
+        >>> looks_indexed([(0, "a", "a"), (1, "b", "b")]), looks_indexed(["a", "b"])
+        (True, False)
+        >>> looks_indexed(IndexedDataset(["a", "b"]))
+        True
+    """
     if isinstance(dataset, IndexedDataset):
         return True
     try:
@@ -110,6 +129,20 @@ def indexed_batch(batch, ids=None) -> tuple[Tensor, ...]:
     Raises:
         ValueError: the first entry is not a 1-D integer tensor of one id per row of the
             views: the dataset's items lack their index (wrap it in :class:`IndexedDataset`).
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader
+        >>> from hardbatch import IndexedDataset, indexed_batch
+        >>> data = IndexedDataset(torch.zeros(40, 8))
+        >>> batch = next(iter(DataLoader(data, batch_sampler=[[5, 1, 7]])))
+        >>> idx, view1, view2 = indexed_batch(batch, ids=[5, 1, 7])
+        >>> idx.tolist(), tuple(view1.shape)
+        ([5, 1, 7], (3, 8))
+        >>> indexed_batch([torch.zeros(3, 8), torch.zeros(3, 8)])
+        Traceback (most recent call last):
+            ...
+        ValueError: the batch's first entry is a torch.float32 tensor of shape [3, 8], ...
     """
     fix = ("the loader's items must start with their index, (index, view1, view2): wrap the "
            "dataset as hardbatch.IndexedDataset(dataset, transform)")

@@ -59,13 +59,25 @@ __all__ = ["all_gather_ints", "all_gather_rows", "all_gather_rows_with_grad", "g
 
 
 def is_distributed(group=None) -> bool:
-    """True when torch.distributed is initialised and ``group`` has more than one rank."""
+    """True when torch.distributed is initialised and ``group`` has more than one rank.
+
+    Example:
+        >>> from hardbatch.distributed import is_distributed
+        >>> is_distributed()  # no process group initialised (under torchrun: True for 2+ ranks)
+        False
+    """
     return (dist.is_available() and dist.is_initialized()
             and dist.get_world_size(group) > 1)
 
 
 def get_rank_world(group=None) -> tuple[int, int]:
-    """(rank, world size) in ``group``; (0, 1) when torch.distributed is not initialised."""
+    """(rank, world size) in ``group``; (0, 1) when torch.distributed is not initialised.
+
+    Example:
+        >>> from hardbatch.distributed import get_rank_world
+        >>> get_rank_world()  # one process
+        (0, 1)
+    """
     if not (dist.is_available() and dist.is_initialized()):
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
@@ -84,6 +96,11 @@ def all_gather_ints(values: list[int], group=None) -> list[list[int]]:
     One fixed-size ``all_gather``: it cannot hang on mismatched shapes, so it is the first
     collective of a call whose later collectives depend on every rank's sizes. ``[values]``
     when not distributed.
+
+    Example:
+        >>> from hardbatch.distributed import all_gather_ints
+        >>> all_gather_ints([40, 8])  # one process: its own list; W ranks: W lists, in rank order
+        [[40, 8]]
     """
     if not is_distributed(group):
         return [list(values)]
@@ -114,6 +131,13 @@ def all_gather_rows(tensor: torch.Tensor, group=None, counts: list[int] | None =
     dropped. The result lives on ``tensor``'s device and has no gradient
     (:func:`all_gather_rows_with_grad` has one). Returns ``tensor`` itself when
     not distributed.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.distributed import all_gather_rows
+        >>> rows = torch.arange(6).reshape(3, 2)
+        >>> all_gather_rows(rows) is rows  # one process; W ranks: [sum of n_r, 2], in rank order
+        True
     """
     if not is_distributed(group):
         return tensor
@@ -151,6 +175,18 @@ def all_gather_rows_with_grad(tensor: torch.Tensor, group=None,
     ``loss.backward()``), in the same order as the other ranks. Under DDP, which averages the
     parameter gradients over the W ranks, a loss of gathered embeddings gives the gradient of
     the sum of the ranks' losses divided by W. Returns ``tensor`` itself when not distributed.
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> from hardbatch.distributed import all_gather_rows_with_grad
+        >>> _ = torch.manual_seed(0)
+        >>> z1 = torch.randn(8, 4, requires_grad=True)
+        >>> z2 = torch.randn(8, 4)
+        >>> negatives = all_gather_rows_with_grad(z1)  # every rank's z1 (one process: z1 itself)
+        >>> hb.InfoNCE(0.5)(z1, z2, negatives=negatives).backward()
+        >>> z1.grad.shape
+        torch.Size([8, 4])
     """
     if not is_distributed(group):
         return tensor
@@ -170,6 +206,15 @@ def proximity_graph(embeddings, candidates: int = 1000, neighbors: int = 100, se
     candidate pool, BatchSampler eq. 3) on its ``device``; the rows are
     all-gathered, so every rank returns the full [N, K] graph, identical to the
     single-process one.
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> from hardbatch import distributed
+        >>> x = torch.randn(40, 8)
+        >>> graph = distributed.proximity_graph(x, candidates=20, neighbors=5, seed=0)
+        >>> graph.shape, torch.equal(graph, hb.proximity_graph(x, 20, 5, seed=0))  # one process
+        (torch.Size([40, 5]), True)
     """
     plan = ProximityGraphPlan(embeddings, candidates, neighbors, seed, group_size, device, precision)
     rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
@@ -181,7 +226,15 @@ def knn_graph(embeddings, neighbors: int = 100, *, method: str = "exact",
               device: str | torch.device | None = None, precision: Precision = "fp32",
               nlist: int | None = None, nprobe: int = 16, seed: int = 0,
               group=None) -> torch.Tensor:
-    """:func:`hardbatch.knn_graph`, rows sharded by contiguous row blocks across ``group``."""
+    """:func:`hardbatch.knn_graph`, rows sharded by contiguous row blocks across ``group``.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch import distributed, knn_graph
+        >>> x = torch.randn(40, 8)
+        >>> torch.equal(distributed.knn_graph(x, 5), knn_graph(x, 5))  # one process: the same
+        True
+    """
     plan = KNNGraphPlan(embeddings, neighbors, method, device, precision, nlist, nprobe, seed)
     rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
     start, end = shard_range(plan.num_blocks, rank, world)
@@ -203,6 +256,14 @@ def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method
     CUDA may differ in the last bits between ranks), every rank orders a
     contiguous range of the chain of about equal cost (sum of squared cell
     sizes), and the ranges are all-gathered in chain order.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch import distributed, gcbs_permutation
+        >>> x = torch.randn(40, 8)
+        >>> order = distributed.gcbs_permutation(x, quantile=0.9, seed=0)
+        >>> len(order), torch.equal(order, gcbs_permutation(x, quantile=0.9, seed=0))
+        (40, True)
     """
     x, y, threshold, nlist, nprobe = gcbs_setup(embeddings, paired, quantile, method, seed, nlist,
                                                 nprobe, device, precision)
@@ -249,6 +310,17 @@ def sync_bank_update(indices: torch.Tensor, embeddings: torch.Tensor,
     rank must call it once per step (it is a collective, like DDP's gradient
     all-reduce). Writing the result in order makes all banks identical; an
     item updated by several ranks in one step keeps the highest rank's value.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch import EmbeddingBank
+        >>> from hardbatch.distributed import sync_bank_update
+        >>> bank = EmbeddingBank(40, 8)
+        >>> idx, z = torch.tensor([3, 7]), torch.ones(2, 8)
+        >>> all_idx, all_z = sync_bank_update(idx, z)  # every rank's rows (one process: these)
+        >>> all_idx.tolist(), tuple(all_z.shape)
+        ([3, 7], (2, 8))
+        >>> bank.update(all_idx, all_z)  # what EmbeddingBank(sync=True) does in update
     """
     idx = all_gather_rows(indices.reshape(-1).to(torch.int64), group)
     emb = all_gather_rows(embeddings, group)

@@ -8,7 +8,7 @@ from typing import Union
 import numpy as np
 import torch
 
-from ._validation import as_embeddings, check_int
+from ._validation import check_int, embedding_tensor
 from .distributed import is_distributed, sync_bank_update
 
 __all__ = ["STALE_BANK_STEPS", "EmbeddingBank", "EmbeddingSource", "read_embeddings",
@@ -39,6 +39,14 @@ class EmbeddingBank:
             otherwise); False: each rank keeps only its own updates. ``update`` is then a collective:
             every rank must call it once per step, as DDP's backward.
         process_group: the group to synchronise over (default: the default group).
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> bank = hb.EmbeddingBank(40, 8)
+        >>> bank.update(torch.tensor([0, 5]), torch.ones(2, 8))
+        >>> bank.staleness()[:6].tolist(), bank.filled
+        ([1, -1, -1, -1, -1, 1], 0.05)
     """
 
     def __init__(self, num_items: int, dim: int, *, init: str = "random", seed: int = 0,
@@ -153,6 +161,14 @@ def unwritten_bank_warning(bank: EmbeddingBank, unchanged_steps: int) -> str | N
     ``bank.update``), or when over half of its rows were never written although ``update``
     has stored at least N rows (given something other than the items' dataset indices, e.g.
     labels): such rows hold their random initial vectors.
+
+    Example:
+        >>> import hardbatch as hb
+        >>> from hardbatch.embeddings import unwritten_bank_warning
+        >>> print(unwritten_bank_warning(hb.EmbeddingBank(40, 8), 64)[:52])
+        the EmbeddingBank was not written during the sampler
+        >>> unwritten_bank_warning(hb.EmbeddingBank(40, 8), 0) is None
+        True
     """
     never = float((bank.last_update < 0).double().mean())
     if unchanged_steps >= STALE_BANK_STEPS:
@@ -175,28 +191,41 @@ EmbeddingSource = Union[torch.Tensor, np.ndarray, EmbeddingBank, Callable[[], ob
 def _raw(source: EmbeddingSource):
     if isinstance(source, EmbeddingBank):
         return source.embeddings
-    if isinstance(source, (torch.Tensor, np.ndarray)):
-        return source
     if callable(source):
         return source()
     return source
 
 
-def read_embeddings(source: EmbeddingSource, name: str = "embeddings",
-                    normalize: bool = False) -> np.ndarray:
-    """Current embeddings of a source as a validated float32 [N, d] array."""
-    return as_embeddings(_raw(source), name, normalize=normalize)
+def read_embeddings(source: EmbeddingSource, name: str = "embeddings", *,
+                    finite: bool = True) -> torch.Tensor:
+    """The current rows of a source as a float32 ``[N, d]`` tensor on the source's device.
+
+    An :class:`EmbeddingBank` is read in place (its table, not a copy: a CUDA bank stays on
+    the GPU), an array as a CPU tensor sharing its memory where possible, a callable is
+    called. Checked as :func:`hardbatch._validation.embedding_tensor` (``finite=False``
+    leaves the values to the build that reads them).
+
+    Example:
+        >>> import hardbatch as hb
+        >>> from hardbatch.embeddings import read_embeddings
+        >>> bank = hb.EmbeddingBank(40, 8)
+        >>> read_embeddings(bank).data_ptr() == bank.embeddings.data_ptr()
+        True
+    """
+    return embedding_tensor(_raw(source), name, finite=finite)
 
 
 def source_num_items(source: EmbeddingSource, name: str = "embeddings"):
-    """(N, first read or None): N without encoding where possible; a callable is called once."""
+    """(N, first read or None): N without encoding where possible; a callable is called once
+    (its checked rows are kept for the first build).
+
+    Example:
+        >>> import numpy as np
+        >>> from hardbatch.embeddings import source_num_items
+        >>> source_num_items(np.ones((40, 8)))
+        (40, None)
+    """
     if isinstance(source, EmbeddingBank):
         return source.num_items, None
-    if isinstance(source, (torch.Tensor, np.ndarray)):
-        x = as_embeddings(source, name)
-        return x.shape[0], None
-    if callable(source):
-        x = as_embeddings(source(), name)
-        return x.shape[0], x
-    x = as_embeddings(source, name)
-    return x.shape[0], None
+    x = read_embeddings(source, name)
+    return x.shape[0], (x if callable(source) else None)

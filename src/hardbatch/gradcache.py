@@ -31,7 +31,7 @@ InfoNCE the ``2B x 2B`` logits). Time: one more forward pass of the encoder.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -39,132 +39,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.checkpoint import get_device_states, set_device_states
 
+from ._chunks import (RandomState, accelerator_tensors, autocast_state, batch_length, slice_view,
+                      view_tensors)
 from ._validation import check_int
 
+# batch_length, slice_view and RandomState (the views and the replayed RNG) live in _chunks.py.
 __all__ = ["ChunkedViews", "GradCache", "GradCacheOutput", "RandomState", "backward_chunks",
            "batch_length", "embed_chunks", "loss_gradients", "slice_view", "warn_batch_norm"]
-
-# Values of a mapping that are not per-item data: passed unchanged to every chunk.
-_CONSTANTS = (str, bytes, int, float, bool, type(None))
-_VIEW_TYPES = ("a tensor [B, ...], a dict of tensors [B, ...] (tokenised text) or a list / "
-               "tuple of such")
-
-
-# --------------------------------------------------------------------------- views and chunks
-
-
-def batch_length(view: Any, name: str = "view") -> int:
-    """The batch size ``B`` of a view: a tensor ``[B, ...]``, a mapping of tensors ``[B, ...]``
-    (tokenised text; its str / number / bool / None values are options passed to every chunk),
-    or a list / tuple of such, nested. ``ValueError`` naming ``name`` for anything else, a 0-d
-    tensor, an empty view, or tensors of different lengths."""
-    lengths: dict[str, int] = {}
-
-    def visit(x: Any, path: str, in_mapping: bool) -> None:
-        if isinstance(x, Tensor):
-            if x.dim() == 0:
-                raise ValueError(f"{path} is a 0-d tensor; every tensor of {name} needs the "
-                                 "batch as dim 0")
-            lengths[path] = x.shape[0]
-        elif isinstance(x, Mapping):
-            for key, value in x.items():
-                visit(value, f"{path}[{key!r}]", True)
-        elif isinstance(x, (list, tuple)):
-            for i, value in enumerate(x):
-                visit(value, f"{path}[{i}]", False)
-        elif not (in_mapping and isinstance(x, _CONSTANTS)):
-            raise ValueError(f"{name} must be {_VIEW_TYPES}; got {type(x).__name__} at {path} "
-                             "(tokenise text and convert arrays with torch.as_tensor first)")
-
-    visit(view, name, False)
-    if not lengths:
-        raise ValueError(f"{name} holds no tensor; it must be {_VIEW_TYPES}")
-    if len(set(lengths.values())) > 1:
-        raise ValueError(f"every tensor of {name} must have the batch size as dim 0, got "
-                         f"lengths {lengths}")
-    length = next(iter(lengths.values()))
-    if length == 0:
-        raise ValueError(f"{name} is empty (batch size 0); pass at least one item")
-    return length
-
-
-def slice_view(view: Any, start: int, stop: int) -> Any:
-    """Rows ``start:stop`` of every tensor of ``view`` (views of the same storage); mapping
-    constants unchanged. Mappings become dicts; lists, tuples and named tuples keep their type."""
-    if isinstance(view, Tensor):
-        return view[start:stop]
-    if isinstance(view, Mapping):
-        return {key: slice_view(value, start, stop) for key, value in view.items()}
-    if isinstance(view, (list, tuple)):
-        items = [slice_view(value, start, stop) for value in view]
-        return type(view)(*items) if hasattr(view, "_fields") else type(view)(items)
-    return view
-
-
-def _tensors(x: Any) -> list[Tensor]:
-    if isinstance(x, Tensor):
-        return [x]
-    values = x.values() if isinstance(x, Mapping) else x if isinstance(x, (list, tuple)) else ()
-    return [t for value in values for t in _tensors(value)]
-
-
-# --------------------------------------------------------------------------- RNG and autocast
-
-
-def _accelerator_probe(tensors: Sequence[Tensor]) -> list[Tensor]:
-    """One tensor per accelerator device among ``tensors`` (CPU excluded)."""
-    seen: dict[torch.device, Tensor] = {}
-    for t in tensors:
-        if t.device.type not in ("cpu", "meta", "mps"):  # MPS: one generator, kept apart
-            seen.setdefault(t.device, t)
-    return list(seen.values())
-
-
-@dataclass(frozen=True)
-class RandomState:
-    """The CPU RNG state and the states of the accelerator devices of some tensors, taken at one
-    moment (``torch.utils.checkpoint.get_device_states``; the MPS generator apart, as
-    sentence-transformers' ``RandContext`` does); :meth:`restored` replays them inside
-    ``torch.random.fork_rng``, so the RNG outside is left as it was."""
-
-    cpu: Tensor
-    devices: tuple[int, ...]
-    device_states: tuple[Tensor, ...]
-    device_type: str | None
-    mps: Tensor | None = None
-
-    @classmethod
-    def capture(cls, tensors: Sequence[Tensor] = ()) -> RandomState:
-        probe = _accelerator_probe(tensors)
-        devices, states = get_device_states(*probe)
-        device_type = probe[0].device.type if probe else None
-        mps = (torch.mps.get_rng_state() if any(t.device.type == "mps" for t in tensors)
-               else None)
-        return cls(torch.get_rng_state(), tuple(devices), tuple(states), device_type, mps)
-
-    @contextmanager
-    def restored(self):
-        with torch.random.fork_rng(devices=list(self.devices), device_type=self.device_type):
-            torch.set_rng_state(self.cpu)
-            if self.devices:
-                set_device_states(list(self.devices), list(self.device_states),
-                                  device_type=self.device_type)
-            outside = None if self.mps is None else torch.mps.get_rng_state()
-            if self.mps is not None:
-                torch.mps.set_rng_state(self.mps)
-            try:
-                yield
-            finally:
-                if outside is not None:
-                    torch.mps.set_rng_state(outside)
-
-
-def _autocast_state(device_types: set[str]) -> tuple[tuple[str, torch.dtype], ...]:
-    """(device type, dtype) of every device type among ``device_types`` with autocast on."""
-    return tuple((t, torch.get_autocast_dtype(t)) for t in sorted(device_types)
-                 if torch.is_autocast_enabled(t))
 
 
 def _module_of(encoder: Callable) -> nn.Module | None:
@@ -172,7 +54,7 @@ def _module_of(encoder: Callable) -> nn.Module | None:
 
 
 def _parameter_probe(module: nn.Module | None) -> list[Tensor]:
-    return [] if module is None else _accelerator_probe(list(module.parameters()))
+    return [] if module is None else accelerator_tensors(list(module.parameters()))
 
 
 # --------------------------------------------------------------------------- the three steps
@@ -190,6 +72,14 @@ class ChunkedViews:
     parameters' devices are in the RNG states, its batch-norm statistics are restored after the
     replay, and when it is ``DistributedDataParallel`` its gradient all-reduce is deferred to its
     last replayed chunk.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.gradcache import ChunkedViews, embed_chunks
+        >>> encoder = torch.nn.EmbeddingBag(100, 4)  # a bag of token ids
+        >>> chunked = embed_chunks([encoder], [torch.randint(0, 100, (40, 6))], chunk_size=16)
+        >>> isinstance(chunked, ChunkedViews), chunked.bounds[0], len(chunked.states[0])
+        (True, [(0, 16), (16, 32), (32, 40)], 3)
     """
 
     encoders: list[Callable]
@@ -224,6 +114,16 @@ def embed_chunks(
         modules: per view the ``nn.Module`` behind its encoder, possibly
             ``DistributedDataParallel`` (default: the encoder itself when it is a module); pass
             it when the encoder is a function calling the module.
+
+    Example:
+        >>> from hardbatch.gradcache import embed_chunks
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> encoder, loss = torch.nn.Linear(8, 4), hb.InfoNCE(0.5)
+        >>> x1, x2 = torch.randn(40, 8), torch.randn(40, 8)  # two views of 40 items
+        >>> z1, z2 = embed_chunks([encoder, encoder], [x1, x2], chunk_size=16).embeddings
+        >>> z1.shape, z1.requires_grad, torch.allclose(z1, encoder(x1))
+        (torch.Size([40, 4]), False, True)
     """
     chunk_size = check_int(chunk_size, "chunk_size", low=1)
     names = list(names) if names is not None else [f"view{i + 1}" for i in range(len(views))]
@@ -247,7 +147,7 @@ def embed_chunks(
             states, outputs = [], []
             for s, e in bounds:
                 chunk = slice_view(view, s, e)
-                tensors = _tensors(chunk) + probe
+                tensors = view_tensors(chunk) + probe
                 device_types.update(t.device.type for t in tensors)
                 states.append(RandomState.capture(tensors) if keep_rng else None)
                 outputs.append(_checked_output(encoder(chunk), e - s, name))
@@ -255,7 +155,7 @@ def embed_chunks(
             out.bounds.append(bounds)
             out.states.append(states)
             out.embeddings.append(torch.cat(outputs) if len(outputs) > 1 else outputs[0])
-    out.autocast = _autocast_state(device_types)
+    out.autocast = autocast_state(device_types)
     return out
 
 
@@ -278,7 +178,19 @@ def loss_gradients(
     ``backward()`` (through ``scale(loss)`` if given, e.g. ``GradScaler.scale``), and the leaves'
     gradients (None for an embedding the loss did not use). Parameters of the loss and tensors
     it gets otherwise (``negatives`` that require grad) accumulate their gradients as in a plain
-    backward. Returns the detached (unscaled) loss and the gradients."""
+    backward. Returns the detached (unscaled) loss and the gradients.
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> encoder, loss = torch.nn.Linear(8, 4), hb.InfoNCE(0.5)
+        >>> x1, x2 = torch.randn(40, 8), torch.randn(40, 8)  # two views of 40 items
+        >>> from hardbatch.gradcache import loss_gradients
+        >>> z1, z2 = encoder(x1).detach(), encoder(x2).detach()
+        >>> value, (g1, g2) = loss_gradients(lambda z: loss(z[0], z[1]), [z1, z2])
+        >>> value.shape, g1.shape, z1.grad is None  # the gradients of detached copies
+        (torch.Size([]), torch.Size([40, 4]), True)
+    """
     leaves = [z.detach().requires_grad_() for z in embeddings]
     with torch.enable_grad():
         loss = loss_fn(leaves)
@@ -324,6 +236,21 @@ def backward_chunks(
     ``no_sync()``, so gradients are all-reduced once, after all chunks have accumulated. Running
     statistics of batch-norm modules are restored after the replay, so that they are updated
     once per step (by step 1), not twice.
+
+    Example:
+        >>> from hardbatch.gradcache import backward_chunks, embed_chunks, loss_gradients
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> encoder, loss = torch.nn.Linear(8, 4), hb.InfoNCE(0.5)
+        >>> x1, x2 = torch.randn(40, 8), torch.randn(40, 8)  # two views of 40 items
+        >>> chunked = embed_chunks([encoder, encoder], [x1, x2], 16)  # step 1
+        >>> value, grads = loss_gradients(lambda z: loss(*z), chunked.embeddings)  # step 2
+        >>> backward_chunks(chunked, grads)  # step 3
+        >>> cached = encoder.weight.grad.clone()
+        >>> encoder.zero_grad()
+        >>> loss(encoder(x1), encoder(x2)).backward()  # the plain step: the same gradients
+        >>> torch.allclose(cached, encoder.weight.grad, atol=1e-6)
+        True
     """
     jobs = [(v, k) for v in range(len(chunked.views)) if grads[v] is not None
             for k in range(len(chunked.bounds[v]))]
@@ -363,7 +290,20 @@ _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm
 
 def warn_batch_norm(chunked: ChunkedViews) -> None:
     """Warn once per module when chunking changes what its batch norm sees (per-chunk
-    statistics instead of the whole batch's)."""
+    statistics instead of the whole batch's).
+
+    Example:
+        >>> import warnings
+        >>> import torch
+        >>> from hardbatch.gradcache import embed_chunks, warn_batch_norm
+        >>> encoder = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
+        >>> chunked = embed_chunks([encoder], [torch.randn(40, 8)], chunk_size=16)
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_batch_norm(chunked)
+        >>> "batch norm in training mode" in str(caught[0].message)
+        True
+    """
     if max(map(len, chunked.bounds)) < 2:
         return
     for module in chunked.modules:
@@ -381,7 +321,18 @@ def warn_batch_norm(chunked: ChunkedViews) -> None:
 
 class GradCacheOutput(NamedTuple):
     """What :class:`GradCache` returns with ``return_embeddings=True``: the detached loss and the
-    detached ``[B, d]`` embeddings of the two views (e.g. for ``EmbeddingBank.update``)."""
+    detached ``[B, d]`` embeddings of the two views (e.g. for ``EmbeddingBank.update``).
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> encoder, loss = torch.nn.Linear(8, 4), hb.InfoNCE(0.5)
+        >>> x1, x2 = torch.randn(40, 8), torch.randn(40, 8)  # two views of 40 items
+        >>> gc = hb.GradCache(encoder, loss, chunk_size=16, return_embeddings=True)
+        >>> out = gc(x1, x2)
+        >>> out.loss.shape, out.embeddings1.shape, out.embeddings1.requires_grad
+        (torch.Size([]), torch.Size([40, 4]), False)
+    """
 
     loss: Tensor
     embeddings1: Tensor
@@ -415,6 +366,19 @@ class GradCache:
     inside ``torch.autocast`` for mixed precision. Dropout is replayed exactly (the RNG state of
     each chunk is restored; the RNG afterwards is where the plain step leaves it); batch norm in
     training mode sees per-chunk statistics (warned once).
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> encoder, loss = torch.nn.Linear(8, 4), hb.InfoNCE(0.5)
+        >>> x1, x2 = torch.randn(40, 8), torch.randn(40, 8)  # two views of 40 items
+        >>> hb.GradCache(encoder, loss, chunk_size=16)(x1, x2).shape  # 16 items at a time
+        torch.Size([])
+        >>> cached = encoder.weight.grad.clone()
+        >>> encoder.zero_grad()
+        >>> loss(encoder(x1), encoder(x2)).backward()  # all 40 items at once
+        >>> torch.allclose(cached, encoder.weight.grad, atol=1e-6)
+        True
     """
 
     def __init__(

@@ -1,62 +1,54 @@
 """Neighbour graphs over item embeddings: the proximity graph (BatchSampler eq. 3) and the exact kNN graph.
 
-Both return an int64 neighbour table [N, K] whose row ``i`` lists the K
-chosen neighbours of item ``i`` by decreasing inner product, never ``i``
-itself. Nothing of size N x N (or N x M x d) is ever materialised: work runs
-over bounded blocks of rows.
+Both return an int64 neighbour table [N, K] whose row ``i`` lists the K chosen neighbours of item
+``i`` by decreasing inner product, never ``i`` itself. Nothing of size N x N (or N x M x d) is ever
+materialised: work runs over bounded blocks of rows.
 
 Candidate pools of the proximity graph
 --------------------------------------
-The paper draws, for every item, M candidates uniformly from the other items
-and keeps the K with the largest inner product. Done literally, every item
-gathers M rows of the embedding matrix: N*M*d reads (15 GB for MNIST's 60k
-items at M=1000, d=64; 650 GB at ImageNet scale), which is what makes the
-authors' gather + bmm slow. We let items share candidate pools in small
-random groups of ``group_size`` items (default: the largest divisor of M up
-to ``min(64, M // 16)``, far below M): one gather of M rows then serves g items and becomes a small dense
-matrix product, cutting memory traffic g-fold.
+The paper draws, for every item, M candidates uniformly from the other items and keeps the K with
+the largest inner product. Done literally, every item gathers M rows of the embedding matrix: N*M*d
+reads (15 GB for MNIST's 60k items at M=1000, d=64; 650 GB at ImageNet scale), which is what makes
+the authors' gather + bmm slow. We let items share candidate pools in small random groups of
+``group_size`` items (default: the largest divisor of M up to ``min(64, M // 16)``, far below M):
+one gather of M rows then serves g items and becomes a small dense matrix product, cutting memory
+traffic g-fold.
 
-Naive sharing changes the graph's statistics: if a popular item lands in a
-group's pool, all g members see it at once, so the spread of in-degrees grows
-by a factor ~(1 + (g - 1) K / M) in its sampling part (+23% in-degree
-standard deviation on MNIST at g=32, M=1000, K=100). We therefore build the
-pools from a *balanced design* that restores the first two moments of the
-independent scheme:
+Naive sharing changes the graph's statistics: if a popular item lands in a group's pool, all g
+members see it at once, so the spread of in-degrees grows by a factor ~(1 + (g - 1) K / M) in its
+sampling part (+23% in-degree standard deviation on MNIST at g=32, M=1000, K=100). We therefore
+build the pools from a *balanced design* that restores the first two moments of the independent
+scheme:
 
-* items are put in random order and cut into groups (blocks) of g; in round
-  r = 1..M/g, group a receives block a + t_r (mod number of groups), with
-  distinct random offsets t_r != 0. Every item thus enters exactly one pool
-  per round, no pool repeats an item and no pool holds its own members;
-* under independent per-item draws, the number of items that have item j
-  among their candidates is ~Poisson(M): mean M, variance M. With sharing it
-  is g times the number of pools containing j, so that number needs variance
-  M/g^2, while the cyclic deal gives 0. Each dealt slot is therefore replaced
-  by a uniform draw with probability p, p(2 - p) = 1/g (about 1/(2g)),
-  which adds exactly that variance: the design matches the mean and the
-  variance of the independent scheme, and with them the mean and the spread
-  of in-degrees;
-* uniform draws that repeat an item of the pool or hit a group member are
-  re-drawn, so every item gets exactly M distinct candidates other than
-  itself, uniform marginally by symmetry.
+* items are put in random order and cut into groups (blocks) of g; in round r = 1..M/g, group a
+  receives block a + t_r (mod number of groups), with distinct random offsets t_r != 0. Every item
+  thus enters exactly one pool per round, no pool repeats an item and no pool holds its own
+  members;
+* under independent per-item draws, the number of items that have item j among their candidates is
+  ~Poisson(M): mean M, variance M. With sharing it is g times the number of pools containing j, so
+  that number needs variance M/g^2, while the cyclic deal gives 0. Each dealt slot is therefore
+  replaced by a uniform draw with probability p, p(2 - p) = 1/g (about 1/(2g)), which adds exactly
+  that variance: the design matches the mean and the variance of the independent scheme, and with
+  them the mean and the spread of in-degrees;
+* uniform draws that repeat an item of the pool or hit a group member are re-drawn, so every item
+  gets exactly M distinct candidates other than itself, uniform marginally by symmetry.
 
-With ``group_size=1`` this reduces to the independent scheme. The test-suite
-checks in-degree spread and mean neighbour similarity against a literal
-per-item implementation.
+With ``group_size=1`` this reduces to the independent scheme. The test-suite checks in-degree
+spread and mean neighbour similarity against a literal per-item implementation.
 
 Devices, precision, shards
 --------------------------
-``device=`` runs the products and top-k selections on any torch device
-(``"cuda"``: one bounded block of ~64M similarities at a time, ~4M on CPU, whose
-gathered candidate embeddings are bounded by the same number of floats);
-the candidate pools are always drawn on the CPU by the same seeded kernel, so
-every device sees the same candidates. ``precision="bf16" | "fp16"`` stores
-the embeddings in half precision and multiplies them with fp32 accumulation
-(on CUDA the product is returned in fp32 via ``out_dtype``; elsewhere the half
-result is widened), halving memory traffic; neighbours may then differ from
-the fp32 graph in near-ties. Work is cut into blocks of whole groups (rows for
-:func:`knn_graph`); :mod:`hardbatch.distributed` hands each rank a contiguous
-range of blocks and all-gathers the rows, which reproduces the
-single-process graph exactly.
+``device=`` runs the products and top-k selections on any torch device (``"cuda"``: one bounded
+block of ~64M similarities at a time, ~4M on CPU, whose gathered candidate embeddings are bounded
+by the same number of floats); the candidate pools are always drawn on the CPU by the same seeded
+kernel, so every device sees the same candidates. ``precision="bf16" | "fp16"`` stores the
+embeddings in half precision and multiplies them with fp32 accumulation (on CUDA the product is
+returned in fp32 via ``out_dtype``; elsewhere the half result is widened), halving memory traffic;
+neighbours may then differ from the fp32 graph in near-ties. Work is cut into blocks of whole
+groups (rows for :func:`knn_graph`); :mod:`hardbatch.distributed` hands each rank a contiguous
+range of blocks and all-gathers the rows, which reproduces the single-process graph exactly. The
+embeddings may be a tensor on any device: they are checked there and never leave it (a CUDA tensor
+is not copied to the host, only the neighbour table is).
 """
 
 from __future__ import annotations
@@ -71,7 +63,7 @@ from . import _rng
 from ._device import Precision, block_elements, check_precision, matmul_fp32, resolve_device
 from ._logging import NO_BAR, BuildLog, get_logger, progress_bar
 from ._rng import rand_below, rand_unit
-from ._validation import as_embeddings, check_int
+from ._validation import check_int, embedding_tensor
 
 __all__ = ["KNNGraphPlan", "ProximityGraphPlan", "candidate_pools", "check_graph_sizes",
            "default_group_size", "knn_graph", "proximity_graph"]
@@ -83,13 +75,24 @@ def default_group_size(candidates: int, num_items: int) -> int:
     """Items sharing one candidate pool: the largest divisor of M up to ``min(64, M // 16)``.
 
     A divisor of M avoids a partial last round of the pool design.
+
+    Example:
+        >>> from hardbatch.graph import default_group_size
+        >>> default_group_size(1000, 60000), default_group_size(500, 60000)
+        (50, 25)
     """
     cap = int(max(1, min(64, candidates // 16, num_items - candidates)))
     return max(g for g in range(1, cap + 1) if candidates % g == 0 or g == 1)
 
 
 def check_group_size(group_size, candidates: int, num_items: int) -> int | None:
-    """``group_size`` of :func:`proximity_graph` checked (None: the default, chosen later)."""
+    """``group_size`` of :func:`proximity_graph` checked (None: the default, chosen later).
+
+    Example:
+        >>> from hardbatch.graph import check_group_size
+        >>> check_group_size(None, 20, 40), check_group_size(4, 20, 40)
+        (None, 4)
+    """
     if group_size is None:
         return None
     return check_int(group_size, "group_size", low=1, high=max(1, num_items - candidates))
@@ -173,6 +176,12 @@ def candidate_pools(num_items: int, candidates: int, group_size: int,
         members: int64 [G, g], the items of each group (-1 pads the last group);
         pools: int32 (int64 if N >= 2**31) [G, M], the group's M distinct
         candidates, none of them a member of the group.
+
+    Example:
+        >>> from hardbatch.graph import candidate_pools
+        >>> members, pools = candidate_pools(40, 20, 4, seed=0)
+        >>> members.shape, pools.shape, bool((pools[0][:, None] != members[0]).all())
+        ((10, 4), (10, 20), True)
     """
     n, g = num_items, group_size
     n_groups = -(-n // g)
@@ -195,6 +204,14 @@ def check_graph_sizes(candidates: int, neighbors: int, num_items: int, *,
 
     ``flags=True`` names the command-line options (``--candidates``) instead of the
     keyword arguments. Every sampler, command and recipe checks the rule here.
+
+    Example:
+        >>> from hardbatch.graph import check_graph_sizes
+        >>> try:
+        ...     check_graph_sizes(20, 30, 40)
+        ... except ValueError as err:
+        ...     print(str(err).split("; ")[0])
+        neighbors=30 must be smaller than candidates=20
     """
     m, k, n = candidates, neighbors, num_items
     if k >= m:
@@ -214,13 +231,6 @@ def check_graph_sizes(candidates: int, neighbors: int, num_items: int, *,
         raise ValueError(f"candidates={m} must be smaller than the number of items N={n}; {fix}")
 
 
-def _check_graph_args(x: np.ndarray, candidates: int, neighbors: int) -> None:
-    n = x.shape[0]
-    if n < 2:
-        raise ValueError(f"embeddings has N={n} item(s); a neighbour graph needs at least 2")
-    check_graph_sizes(candidates, neighbors, n)
-
-
 class ProximityGraphPlan:
     """Validated inputs, candidate pools and block layout of one proximity-graph build.
 
@@ -228,15 +238,24 @@ class ProximityGraphPlan:
     :func:`hardbatch.distributed.proximity_graph` (one contiguous range of
     blocks per rank): both run :meth:`rows` on the same blocks, so the sharded
     graph equals the single-process one.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.graph import ProximityGraphPlan
+        >>> plan = ProximityGraphPlan(torch.randn(40, 8), 20, 5, 0, None, None, "fp32")
+        >>> plan.rows(0, plan.num_blocks).shape
+        torch.Size([40, 5])
     """
 
     def __init__(self, embeddings, candidates: int, neighbors: int, seed: int,
                  group_size: int | None, device, precision: str) -> None:
-        x = as_embeddings(embeddings)
+        x = embedding_tensor(embeddings)
         self.candidates = check_int(candidates, "candidates", low=1)
         self.neighbors = check_int(neighbors, "neighbors", low=1)
-        _check_graph_args(x, self.candidates, self.neighbors)
         n = x.shape[0]
+        if n < 2:
+            raise ValueError(f"embeddings has N={n} item(s); a neighbour graph needs at least 2")
+        check_graph_sizes(self.candidates, self.neighbors, n)
         g = check_group_size(group_size, self.candidates, n)
         g = default_group_size(self.candidates, n) if g is None else g
         self.device = resolve_device(device)
@@ -263,7 +282,7 @@ class ProximityGraphPlan:
         With ``out`` ([N, K]) the rows are written into it in place (no second copy)
         and ``out`` is returned. ``bar.update(1)`` after each block.
         """
-        emb = torch.from_numpy(self.x).to(self.device, self.dtype)
+        emb = self.x.to(self.device, self.dtype)
         m, k, g = self.candidates, self.neighbors, self.g
         parts = []
         for b in range(block_start, block_end):
@@ -288,13 +307,10 @@ class ProximityGraphPlan:
             return out
         return torch.cat(parts) if parts else torch.empty((0, k), dtype=torch.int64)
 
-    def empty(self) -> torch.Tensor:
-        return torch.empty((self.num_items, self.neighbors), dtype=torch.int64)
-
     def assemble(self, rows: torch.Tensor) -> torch.Tensor:
         """Scatter rows of all blocks, in group order, into the [N, K] table."""
         flat = self.members.reshape(-1)
-        out = self.empty()
+        out = torch.empty((self.num_items, self.neighbors), dtype=torch.int64)
         out[flat[flat >= 0]] = rows
         return out
 
@@ -305,32 +321,37 @@ def proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 100
                     precision: Precision = "fp32", progress: bool | None = None) -> torch.Tensor:
     """Proximity graph (BatchSampler Algorithm 2, eq. 3).
 
-    For every item, M = ``candidates`` items are drawn uniformly without
-    replacement from the other items, and the K = ``neighbors`` with the
-    highest inner product ``e_i . e_m`` are kept.
+    For every item, M = ``candidates`` items are drawn uniformly without replacement from the
+    other items, and the K = ``neighbors`` with the highest inner product ``e_i . e_m`` are kept.
 
     Args:
         embeddings: [N, d] float tensor or array (normalise first for cosine).
         candidates: M, candidate-set size, ``neighbors < M < N``.
         neighbors: K, neighbours kept per item.
         seed: seed of the candidate draws; same inputs and seed give the same graph.
-        group_size: items sharing one candidate pool (see the module docstring);
-            default: the largest divisor of M up to ``min(64, M // 16)`` (50 for
-            M = 1000, 25 for M = 500); 1 gives fully independent pools.
-        device: where products and top-k run (default CPU); the pools are the
-            same on every device.
-        precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"`` (half-precision
-            inputs, fp32 accumulation; may change neighbours in near-ties).
-        progress: a tqdm bar over the blocks (True), none (False), or (None) when
-            stderr is a terminal; shown once a build runs past 2 s.
+        group_size: items sharing one candidate pool (see the module docstring); default: the
+            largest divisor of M up to ``min(64, M // 16)`` (50 for M = 1000, 25 for M = 500);
+            1 gives fully independent pools.
+        device: where products and top-k run (default CPU); the pools are the same everywhere.
+        precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"`` (half-precision inputs, fp32
+            accumulation; may change neighbours in near-ties).
+        progress: a tqdm bar over the blocks (True), none (False), or (None) when stderr is a
+            terminal; shown once a build runs past 2 s.
 
     Returns:
         int64 CPU tensor [N, K]; row i holds i's neighbours by decreasing similarity.
 
     Logs one INFO record on ``hardbatch.graph`` (N, d, method, seconds, peak extra memory).
-    Memory: O(N*K) output, O(N*M/g) pool ids (int32), the embeddings on
-    ``device`` (N*d in the chosen precision) and one block of at most about 4M (CPU)
-    or 64M (CUDA) similarities and as many floats of gathered candidate embeddings.
+    Memory: O(N*K) output, O(N*M/g) pool ids (int32), the embeddings on ``device`` (N*d in the
+    chosen precision) and one block of at most about 4M (CPU) or 64M (CUDA) similarities and as
+    many floats of gathered candidate embeddings.
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> graph = hb.proximity_graph(torch.randn(40, 8), candidates=20, neighbors=5, seed=0)
+        >>> graph.shape, bool((graph != torch.arange(40)[:, None]).all())
+        (torch.Size([40, 5]), True)
     """
     with BuildLog(_LOG, "proximity_graph", method="proximity") as log:
         plan = ProximityGraphPlan(embeddings, candidates, neighbors, seed, group_size, device,
@@ -338,7 +359,8 @@ def proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 100
         log.set(n=plan.num_items, d=plan.x.shape[1], candidates=plan.candidates,
                 neighbors=plan.neighbors, group_size=plan.g)
         bar = progress_bar(plan.num_blocks, "proximity graph", progress)
-        out = plan.rows(0, plan.num_blocks, out=plan.empty(), bar=bar)
+        out = plan.rows(0, plan.num_blocks, out=torch.empty((plan.num_items, plan.neighbors),
+                                                            dtype=torch.int64), bar=bar)
         bar.close()
         log.hold(out.nbytes, plan.pools.nbytes, plan.members.nbytes, plan.block_bytes)
         return out
@@ -348,11 +370,18 @@ _KNN_METHODS = ("exact", "faiss", "faiss-ivf")
 
 
 class KNNGraphPlan:
-    """Validated inputs and row blocks of one kNN-graph build (see :class:`ProximityGraphPlan`)."""
+    """Validated inputs and row blocks of one kNN-graph build (see :class:`ProximityGraphPlan`).
+
+    Example:
+        >>> from hardbatch.graph import KNNGraphPlan
+        >>> plan = KNNGraphPlan(np.eye(40, 8) + 0.1, 5, "exact", None, "fp32", None, 16, 0)
+        >>> plan.rows(0, plan.num_blocks).shape
+        torch.Size([40, 5])
+    """
 
     def __init__(self, embeddings, neighbors: int, method: str, device, precision: str,
                  nlist: int | None, nprobe: int, seed: int) -> None:
-        x = as_embeddings(embeddings)
+        x = embedding_tensor(embeddings)
         self.neighbors = check_int(neighbors, "neighbors", low=1)
         n = x.shape[0]
         if self.neighbors >= n:
@@ -371,15 +400,14 @@ class KNNGraphPlan:
         self.block_bytes = 0  # largest block so far: similarities, top-k values and indices
 
     def rows(self, block_start: int, block_end: int, bar=NO_BAR) -> torch.Tensor:
-        """Neighbour rows [end - start, K] (CPU int64) of the items of row blocks [start, end).
-
+        """Neighbour rows [end - start, K] (CPU int64) of the items of row blocks [start, end);
         ``bar.update(1)`` after each block."""
         start = min(self.num_items, block_start * self.rows_per_block)
         end = min(self.num_items, block_end * self.rows_per_block)
         out = torch.empty((end - start, self.neighbors), dtype=torch.int64)
         if self.method != "exact":
             return self._faiss_rows(start, end, out, bar)
-        emb = torch.from_numpy(self.x).to(self.device, self.dtype)
+        emb = self.x.to(self.device, self.dtype)
         for s in range(start, end, self.rows_per_block):
             e = min(end, s + self.rows_per_block)
             sims = matmul_fp32(emb[s:e], emb.T)
@@ -396,7 +424,7 @@ class KNNGraphPlan:
         except ImportError as exc:
             raise ImportError(f"method={self.method!r} needs faiss: pip install faiss-cpu "
                               "(or faiss-gpu), or use method='exact'") from exc
-        x, n, k = self.x, self.num_items, self.neighbors
+        x, n, k = self.x.cpu().numpy(), self.num_items, self.neighbors
         if self._index is None:
             d = x.shape[1]
             if self.method == "faiss":
@@ -436,14 +464,13 @@ def knn_graph(embeddings: torch.Tensor | np.ndarray, neighbors: int = 100, *,
     Args:
         embeddings: [N, d] float tensor or array.
         neighbors: K, ``1 <= K < N``.
-        method: ``"exact"`` (blocked dense products with torch, O(N^2 d) time),
-            ``"faiss"`` (faiss ``IndexFlatIP``: exact, same cost, faiss kernels) or
-            ``"faiss-ivf"`` (``IndexIVFFlat``, approximate, about nprobe/nlist of the
-            cost; the route for N >= 1M). faiss moves to the GPU when ``device`` is
-            CUDA and faiss-gpu is installed.
+        method: ``"exact"`` (blocked dense products with torch, O(N^2 d) time), ``"faiss"``
+            (faiss ``IndexFlatIP``: exact, same cost, faiss kernels) or ``"faiss-ivf"``
+            (``IndexIVFFlat``, approximate, about nprobe/nlist of the cost; the route for
+            N >= 1M). faiss moves to the GPU when ``device`` is CUDA and faiss-gpu is installed.
         device, precision: as in :func:`proximity_graph` (``"exact"`` only for precision).
-        nlist, nprobe, seed: inverted lists (default min(N/39, 4 sqrt(N))), lists
-            probed per query, and the training-sample seed of ``"faiss-ivf"``.
+        nlist, nprobe, seed: inverted lists (default min(N/39, 4 sqrt(N))), lists probed per
+            query, and the training-sample seed of ``"faiss-ivf"``.
         progress: a tqdm bar over the row blocks, as in :func:`proximity_graph`.
 
     Returns:
@@ -451,8 +478,16 @@ def knn_graph(embeddings: torch.Tensor | np.ndarray, neighbors: int = 100, *,
         and the approximate method may order/choose differently).
 
     Logs one INFO record on ``hardbatch.graph`` (N, d, method, seconds, peak extra memory).
-    Memory: O(N*K) output plus the embeddings and one block of about 4M (CPU)
-    or 64M (CUDA) similarities; faiss adds its index (N*d floats).
+    Memory: O(N*K) output plus the embeddings and one block of about 4M (CPU) or 64M (CUDA)
+    similarities; faiss adds its index (N*d floats).
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> x = torch.nn.functional.normalize(torch.randn(40, 8), dim=1)
+        >>> graph = hb.knn_graph(x, 5)
+        >>> bool((graph[:, 0] == (x @ x.T).fill_diagonal_(-2).argmax(dim=1)).all())
+        True
     """
     with BuildLog(_LOG, "knn_graph", method=method) as log:
         plan = KNNGraphPlan(embeddings, neighbors, method, device, precision, nlist, nprobe,

@@ -102,7 +102,17 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_inspect_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``inspect`` on an ``argparse`` subparsers object (``set_defaults(func=run_inspect)``)."""
+    """Register ``inspect`` on an ``argparse`` subparsers object (``set_defaults(func=run_inspect)``).
+
+    Example:
+        >>> import argparse
+        >>> from hardbatch.inspect_cli import add_inspect_parser
+        >>> parser = argparse.ArgumentParser(prog="mytool")
+        >>> _ = add_inspect_parser(parser.add_subparsers(dest="command"))
+        >>> args = parser.parse_args(["inspect", "emb.npy", "--batches", "5"])
+        >>> args.command, args.embeddings, args.batches, args.func.__name__
+        ('inspect', 'emb.npy', 5, 'run_inspect')
+    """
     parser = subparsers.add_parser(
         "inspect", help="compare batch samplers on fixed embeddings (hardness, false negatives)",
         description=DESCRIPTION, epilog=EPILOG,
@@ -113,7 +123,14 @@ def add_inspect_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def build_parser(prog: str = "hardbatch inspect") -> argparse.ArgumentParser:
-    """A standalone parser with the same arguments (for ``python -m hardbatch.inspect_cli``)."""
+    """A standalone parser with the same arguments (for ``python -m hardbatch.inspect_cli``).
+
+    Example:
+        >>> from hardbatch.inspect_cli import build_parser
+        >>> args = build_parser().parse_args(["emb.npy", "--sampler", "uniform,knn", "--seed", "1"])
+        >>> args.sampler, args.seed, args.quantile, args.out
+        ('uniform,knn', 1, 0.999, 'hardbatch-inspect')
+    """
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_arguments(parser)
@@ -389,7 +406,28 @@ def _inspect(args) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    """Run ``hardbatch inspect`` with parsed ``args``; returns the exit code (0, or 2 on bad input)."""
+    """Run ``hardbatch inspect`` with parsed ``args``; returns the exit code (0, or 2 on bad input).
+
+    Example:
+        >>> import contextlib, io, pathlib, tempfile
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> emb, labels = pathlib.Path(tmp.name, "emb.npy"), pathlib.Path(tmp.name, "labels.npy")
+        >>> np.save(emb, rng.standard_normal((40, 8)).astype("float32"))  # N = 40, d = 8
+        >>> np.save(labels, np.arange(40) % 4)
+        >>> from hardbatch.inspect_cli import build_parser, run_inspect
+        >>> args = build_parser().parse_args([str(emb), "--labels", str(labels), "--sampler",
+        ...                                   "uniform,knn", "--batches", "5", "--out", tmp.name])
+        >>> out = io.StringIO()
+        >>> with contextlib.redirect_stdout(out):  # the markdown table, and the files written
+        ...     code = run_inspect(args)
+        >>> code, "| knn | 5 | 10 |" in out.getvalue()
+        (0, True)
+        >>> sorted(p.name for p in pathlib.Path(tmp.name).glob("*.json"))
+        ['inspect.json']
+        >>> tmp.cleanup()
+    """
     try:
         return _inspect(args)
     except InspectError as exc:
@@ -407,7 +445,24 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point: ``python -m hardbatch.inspect_cli EMBEDDINGS [options]``."""
+    """Standalone entry point: ``python -m hardbatch.inspect_cli EMBEDDINGS [options]``.
+
+    Example:
+        >>> import contextlib, io, pathlib, tempfile
+        >>> import numpy as np
+        >>> from hardbatch.inspect_cli import main
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> emb = np.random.default_rng(0).standard_normal((40, 8)).astype("float32")  # N = 40
+        >>> np.save(pathlib.Path(tmp.name, "emb.npy"), emb)
+        >>> with contextlib.redirect_stdout(io.StringIO()):
+        ...     code = main([str(pathlib.Path(tmp.name, "emb.npy")), "--sampler", "gcbs",
+        ...                  "--batches", "4", "--out", tmp.name])
+        >>> code, sorted(p.name for p in pathlib.Path(tmp.name).glob("inspect.*"))
+        (0, ['inspect.json', 'inspect.md'])
+        >>> main(["missing.npy"])  # 'hardbatch inspect: error: ...' on stderr
+        2
+        >>> tmp.cleanup()
+    """
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -73,6 +73,20 @@ def plot_similarity_histograms(histograms: Mapping[str, tuple[Sequence, Sequence
 
     Returns:
         ``path`` as a string.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> import torch
+        >>> from hardbatch.metrics import similarity_histogram
+        >>> from hardbatch.plots import plot_similarity_histograms
+        >>> _ = torch.manual_seed(0)
+        >>> x = torch.randn(40, 8)
+        >>> histograms = {"first 10": similarity_histogram(x, range(10), bins=20),
+        ...               "last 10": similarity_histogram(x, range(30, 40), bins=20)}
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     path = plot_similarity_histograms(histograms, pathlib.Path(tmp, "hist.png"))
+        ...     print(pathlib.Path(path).name, pathlib.Path(path).stat().st_size > 0)
+        hist.png True
     """
     if not isinstance(histograms, Mapping) or not histograms:
         raise ValueError("histograms must be a non-empty dict {name: (counts, edges)}")
@@ -122,6 +136,17 @@ def plot_metric_curves(curves: Mapping[str, tuple[Sequence, Sequence]], path, yl
 
     Returns:
         ``path`` as a string.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> from hardbatch.plots import plot_metric_curves
+        >>> curves = {"uniform": ([1, 2, 3], [0.25, 0.24, 0.26]),
+        ...           "knn": ([1, 2, 3], [0.4, 0.5, 0.6])}
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     path = plot_metric_curves(curves, pathlib.Path(tmp, "plots", "fn.png"),
+        ...                               "false-negative rate", events={"knn": [2]})
+        ...     print(pathlib.Path(path).relative_to(tmp))
+        plots/fn.png
     """
     if not isinstance(curves, Mapping) or not curves:
         raise ValueError("curves must be a non-empty dict {name: (steps, values)}")

@@ -44,12 +44,26 @@ LOSS_ALIASES: dict[str, str] = {"debiased": "dcl", "hard_negative": "hcl"}
 
 
 def sampler_names() -> tuple[str, ...]:
-    """The sampler names, in the order tables and ``all`` list them."""
+    """The sampler names, in the order tables and ``all`` list them.
+
+    Example:
+        >>> from hardbatch.registry import sampler_names
+        >>> sampler_names()
+        ('uniform', 'knn', 'proximity', 'gcbs')
+    """
     return tuple(_SAMPLERS)
 
 
 def loss_names(aliases: bool = False) -> tuple[str, ...]:
-    """The canonical loss names (with ``aliases=True`` also the accepted aliases)."""
+    """The canonical loss names (with ``aliases=True`` also the accepted aliases).
+
+    Example:
+        >>> from hardbatch.registry import loss_names
+        >>> loss_names()
+        ('infonce', 'dcl', 'hcl', 'sscl')
+        >>> loss_names(aliases=True)[-2:]
+        ('debiased', 'hard_negative')
+    """
     return tuple(_LOSSES) + (tuple(LOSS_ALIASES) if aliases else ())
 
 
@@ -60,14 +74,30 @@ def _unknown(kind: str, name, valid: Iterable[str], aliases: dict[str, str]) -> 
 
 
 def canonical_sampler(name: str) -> str:
-    """``name`` checked against the sampler names."""
+    """``name`` checked against the sampler names.
+
+    Example:
+        >>> from hardbatch.registry import canonical_sampler
+        >>> canonical_sampler(" GCBS ")
+        'gcbs'
+        >>> canonical_sampler("graph")
+        Traceback (most recent call last):
+            ...
+        ValueError: unknown sampler 'graph'; use one of 'uniform', 'knn', 'proximity', 'gcbs'
+    """
     if not isinstance(name, str) or name.strip().lower() not in _SAMPLERS:
         raise _unknown("sampler", name, _SAMPLERS, {})
     return name.strip().lower()
 
 
 def canonical_loss(name: str) -> str:
-    """``name`` as a canonical loss name (``debiased`` -> ``dcl``, ``hard_negative`` -> ``hcl``)."""
+    """``name`` as a canonical loss name (``debiased`` -> ``dcl``, ``hard_negative`` -> ``hcl``).
+
+    Example:
+        >>> from hardbatch.registry import canonical_loss
+        >>> canonical_loss("debiased"), canonical_loss("HCL")
+        ('dcl', 'hcl')
+    """
     key = name.strip().lower() if isinstance(name, str) else name
     key = LOSS_ALIASES.get(key, key)
     if key not in _LOSSES:
@@ -76,10 +106,24 @@ def canonical_loss(name: str) -> str:
 
 
 def sampler_class(name: str) -> type:
+    """The sampler class registered as ``name``.
+
+    Example:
+        >>> from hardbatch.registry import sampler_class
+        >>> sampler_class("proximity").__name__
+        'ProximityGraphSampler'
+    """
     return _SAMPLERS[canonical_sampler(name)]
 
 
 def loss_class(name: str) -> type[nn.Module]:
+    """The loss class registered as ``name`` (or its alias).
+
+    Example:
+        >>> from hardbatch.registry import loss_class
+        >>> loss_class("hard_negative").__name__
+        'HardNegativeInfoNCE'
+    """
     return _LOSSES[canonical_loss(name)]
 
 
@@ -89,6 +133,15 @@ def parse_names(value: str | Iterable[str], kind: str, extra: Iterable[str] = ()
     ``kind`` is ``"sampler"`` or ``"loss"``; ``extra`` names accepted besides the registry's
     (e.g. ``"default"``, ``"mnrl"`` for sentence-transformers' own sampler and loss), listed
     first by ``"all"``.
+
+    Example:
+        >>> from hardbatch.registry import parse_names
+        >>> parse_names("all", "sampler")
+        ['uniform', 'knn', 'proximity', 'gcbs']
+        >>> parse_names("hard_negative, infonce, hcl", "loss")
+        ['hcl', 'infonce']
+        >>> parse_names(["mnrl", "dcl"], "loss", extra=("mnrl",))
+        ['mnrl', 'dcl']
     """
     if kind not in ("sampler", "loss"):
         raise ValueError(f"kind={kind!r} must be 'sampler' or 'loss'")
@@ -132,6 +185,19 @@ def make_sampler(name: str, source, batch_size: int, **options):
     ``source`` is the embedding source of the graph samplers (an [N, d] tensor or array, an
     :class:`~hardbatch.EmbeddingBank`, or a callable); ``uniform`` takes it too (it only needs
     N), or a number of items or a sized dataset.
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> _ = torch.manual_seed(0)
+        >>> x = torch.randn(40, 8)
+        >>> sampler = hb.registry.make_sampler("knn", x, 8, seed=0)
+        >>> type(sampler).__name__, len(sampler)
+        ('KNNBatchSampler', 5)
+        >>> [len(batch) for batch in sampler]
+        [8, 8, 8, 8, 8]
+        >>> len(hb.registry.make_sampler("uniform", 40, 16))  # N = 40 items, batches of 16
+        3
     """
     name = canonical_sampler(name)
     cls = _SAMPLERS[name]
@@ -147,7 +213,22 @@ def make_sampler(name: str, source, batch_size: int, **options):
 
 
 def make_loss(name: str, **options) -> nn.Module:
-    """The loss module ``name`` (``infonce``, ``dcl``, ``hcl``, ``sscl`` or an alias)."""
+    """The loss module ``name`` (``infonce``, ``dcl``, ``hcl``, ``sscl`` or an alias).
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> loss = hb.registry.make_loss("debiased", temperature=0.5, tau_plus=0.1)
+        >>> type(loss).__name__
+        'DebiasedInfoNCE'
+        >>> _ = torch.manual_seed(0)
+        >>> loss(torch.randn(8, 8), torch.randn(8, 8)).shape  # a scalar
+        torch.Size([])
+        >>> hb.registry.make_loss("dcl", tau=0.1)
+        Traceback (most recent call last):
+            ...
+        ValueError: unknown option(s) 'tau' for loss 'dcl'; it accepts temperature, tau_plus, ...
+    """
     name = canonical_loss(name)
     cls = _LOSSES[name]
     _check_options("loss", name, cls, options, ())

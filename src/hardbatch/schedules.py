@@ -18,6 +18,12 @@ class LinearDecay:
 
     A sampler needs alpha < 1 throughout (see :func:`hardbatch.walk_batches`), so
     :class:`~hardbatch.ProximityGraphSampler` rejects ``start`` or ``end`` equal to 1.
+
+    Example:
+        >>> from hardbatch import LinearDecay
+        >>> alpha = LinearDecay(0.2, 0.05)
+        >>> [round(alpha(progress), 3) for progress in (0.0, 0.5, 1.0, 2.0)]
+        [0.2, 0.125, 0.05, 0.05]
     """
 
     start: float = 0.2
@@ -49,6 +55,12 @@ class EpochStepDecay:
     alpha is 0.05 from epoch 8 on), where :class:`LinearDecay` is the paper's text (linear
     over the whole run). The sampler passes the epoch itself (``per_epoch``), so no
     ``epochs=`` or ``total_steps`` is needed.
+
+    Example:
+        >>> from hardbatch import EpochStepDecay
+        >>> alpha = EpochStepDecay(start=0.2, step=0.02, floor=0.05)
+        >>> [round(alpha.at_epoch(epoch), 2) for epoch in (0, 1, 7, 8, 20)]
+        [0.2, 0.18, 0.06, 0.05, 0.05]
     """
 
     start: float = 0.2

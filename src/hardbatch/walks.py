@@ -325,6 +325,14 @@ class WalkState:
     mask (coverage), the items' duplicate-key ids (``key_ids``: int64 [N], -1 for an item
     whose key no other item holds; None: no keys) and scratch space. ``coverage`` is the
     share of items that appeared in a batch this epoch.
+
+    Example:
+        >>> from hardbatch.walks import WalkState
+        >>> state = WalkState(40, seed=0, epoch=0)
+        >>> start = state.next_start(seed=1)  # an item not seen yet this epoch
+        >>> state.seen[start] = 1
+        >>> 0 <= start < 40, state.coverage
+        (True, 0.025)
     """
 
     def __init__(self, num_items: int, seed: int, epoch: int,
@@ -448,6 +456,14 @@ def walk_batches(neighbors: torch.Tensor | np.ndarray, batch_size: int, num_batc
 
     Returns:
         int64 tensor [num_batches, batch_size]; each row holds distinct ids.
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> graph = hb.knn_graph(torch.randn(40, 8), 5)
+        >>> batches = hb.walk_batches(graph, 8, 5, seed=0)
+        >>> batches.shape, all(len(set(b.tolist())) == 8 for b in batches)
+        (torch.Size([5, 8]), True)
     """
     table, deg = prepare_graph(neighbors)
     n = table.shape[0]

@@ -142,6 +142,7 @@ def sampler_cases() -> dict[str, torch.Tensor]:
     out["bank/knn/prefetch2"] = _bank_run(lambda bank: live["knn"](bank, seed=0, prefetch=2))
     out["bank/prox_rwr/prefetch2_background"] = _bank_run(
         lambda bank: live["prox_rwr"](bank, seed=0, prefetch=2, background=True))
+    out.update(source_cases(x, cfgs))
     # the functional core
     out["fn/proximity_graph"] = hb.proximity_graph(x, 100, 10, seed=4)
     out["fn/proximity_graph_g5"] = hb.proximity_graph(x, 100, 10, seed=4, group_size=5)
@@ -153,6 +154,54 @@ def sampler_cases() -> dict[str, torch.Tensor]:
         # min_partners=0: the paper's graph, the only one before issue 22 (the default is now 16)
         out[f"fn/gcbs_permutation/{method}"] = hb.gcbs_permutation(x, 0.98, method=method,
                                                                    seed=2, min_partners=0)
+    return out
+
+
+def _encoder(x: np.ndarray, dtype=torch.float32):
+    """A callable source whose k-th call returns ``x`` turned a little further (a new encoding)."""
+    calls = []
+
+    def encode() -> torch.Tensor:
+        calls.append(1)
+        t = torch.from_numpy(x).to(dtype)
+        return t + 0.05 * len(calls) * t.roll(1, dims=1)
+    return encode
+
+
+def source_cases(x: np.ndarray, cfgs: dict) -> dict[str, torch.Tensor]:
+    """Sources and options the refresh path reads: callables, unnormalised rows (float64
+    tensors, rows scaled by 1e-3 .. 1e3), ``normalize=False``, ranks of one global batch,
+    duplicate keys and a paired callable."""
+    gen = torch.Generator().manual_seed(5)
+    raw = torch.from_numpy(x).double() * 10.0 ** torch.randint(-3, 4, (N, 1), generator=gen)
+    raw = raw + 0.01 * torch.randn(N, D, generator=gen, dtype=torch.float64)
+    prox = dict(candidates=100, neighbors=10, refresh_every=4)
+    makers = {
+        "knn": lambda src, **kw: hb.KNNBatchSampler(src, B, refresh_every=3, **kw),
+        "prox_rwr": lambda src, **kw: hb.ProximityGraphSampler(src, B, **prox, **kw),
+        "prox_knn_graph": lambda src, **kw: hb.ProximityGraphSampler(
+            src, B, neighbors=10, graph="knn", refresh_every=5, **kw),
+        "gcbs_exact": lambda src, **kw: hb.GCBSSampler(src, B, quantile=0.98, **kw),
+    }
+    out: dict[str, torch.Tensor] = {}
+    for name, make in makers.items():
+        out[f"source/{name}/callable"] = _epochs(make(_encoder(x), seed=0))
+        out[f"source/{name}/raw_float64"] = _epochs(make(raw, seed=0))
+        if name != "gcbs_exact":
+            out[f"source/{name}/raw_unnormalized"] = _epochs(make(raw.float(), seed=0,
+                                                                  normalize=False))
+            out[f"bank/{name}/unnormalized"] = _bank_run(lambda bank: make(bank, seed=0,
+                                                                           normalize=False))
+    out["bank/prox_knn_graph"] = _bank_run(lambda bank: makers["prox_knn_graph"](bank, seed=0))
+    out["bank/gcbs/paired_callable"] = _bank_run(lambda bank: makers["gcbs_exact"](
+        bank, seed=0, paired=_encoder(embeddings(7))))
+    keys = [i % 250 for i in range(N)]  # 50 keys held by two items
+    for name in ("uniform", "knn", "prox_rwr", "gcbs_exact"):
+        out[f"sampler/{name}/keys"] = _epochs(cfgs[name](seed=0, duplicate_keys=keys))
+        ranks = [cfgs[name](seed=0, rank=r, world_size=3, global_batch=True) for r in range(3)]
+        out[f"sampler/{name}/global_batch3"] = _cat([b for r in ranks for b in r])
+    out["sampler/prox_rwr/global_batch2_prefetch2"] = _cat([b for r in range(2) for b in cfgs[
+        "prox_rwr"](seed=0, rank=r, world_size=2, global_batch=True, prefetch=2)])
     return out
 
 
@@ -230,9 +279,86 @@ def loss_cases() -> dict[str, torch.Tensor]:
     return out
 
 
+def loss_option_cases() -> dict[str, torch.Tensor]:
+    """The options and inputs every loss takes beyond ``loss_cases`` (issue 30): guided and
+    labelled masks, a row left without negatives, ``reduction="sum"``, ``gather=True`` without a
+    process group, NumPy hyperparameters, the modules' options and per-batch inputs, the
+    general ``contrastive_loss``, the floor statistics, autocast and half precision."""
+    import warnings
+
+    from hardbatch.losses.functional import contrastive_loss
+
+    a, p, neg, labels = _views(0)
+    ga, gp, _, _ = _views(1)
+    out: dict[str, torch.Tensor] = {}
+    for form in ("simclr", "simcse"):
+        guided = hb.guided_mask(a + 0.3 * ga, p + 0.3 * gp, 0.5, form=form)
+        out[f"mask/guided/{form}"] = guided
+        full_row = torch.zeros(12, 12, dtype=torch.bool)
+        full_row[0] = True
+        fns = {"info_nce": (hb.info_nce, {}),
+               "debiased": (hb.debiased_info_nce, {"tau_plus": 0.1}),
+               "hard_negative": (hb.hard_negative_info_nce, {"beta": 0.5}),
+               "sscl": (hb.sscl_loss, {"hardest": 6, "synthetic": 4})}
+        for name, (fn, kw) in fns.items():
+            for variant, extra, use_neg in (
+                    ("guided", {"false_negatives": guided}, False),
+                    ("labels_guided_none", {"labels": labels, "false_negatives": guided,
+                                            "reduction": "none"}, True),
+                    ("full_row", {"false_negatives": full_row}, False),
+                    ("sum", {"reduction": "sum"}, True),
+                    ("gather_noop", {"gather": True}, False),
+                    ("numpy_t", {"temperature": np.float32(0.25)}, False)):
+                kw2 = dict(kw, form=form, **extra)
+                if name == "sscl":
+                    kw2["generator"] = torch.Generator().manual_seed(11)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    res = _loss_and_grads(fn, a, p, neg if use_neg else None, **kw2)
+                for key, val in res.items():
+                    out[f"loss/{name}/{form}/{variant}/{key}"] = val
+        modules = {
+            "InfoNCE": hb.InfoNCE(0.3, form, reduction="sum"),
+            "DebiasedInfoNCE": hb.DebiasedInfoNCE(0.5, 0.05, form=form, reduction="none"),
+            "HardNegativeInfoNCE": hb.HardNegativeInfoNCE(0.5, 0.1, 0.7, form=form,
+                                                          detach_weights=True),
+            "SSCLLoss": hb.SSCLLoss(0.5, 0.05, 1.5, 5, 3, False, form=form, normalize=False,
+                                    generator=torch.Generator().manual_seed(4)),
+        }
+        for name, mod in modules.items():
+            res = _loss_and_grads(lambda x, y, mod=mod, **kw: mod(x, y, labels, **kw), a, p, neg,
+                                  false_negatives=guided)
+            for key, val in res.items():
+                out[f"module/{name}/{form}/inputs/{key}"] = val
+            if hasattr(mod, "floor_fraction"):
+                out[f"module/{name}/{form}/floor_fraction"] = torch.tensor(
+                    mod.floor_fraction, dtype=torch.float64)
+        for tag, kw in (("beta_labels", {"beta": 0.5, "labels": labels}),
+                        ("guided_raw", {"false_negatives": guided, "normalize": False}),
+                        ("negatives", {"negatives": neg, "tau_plus": 0.3})):
+            frac, bound = hb.debiased_floor_stats(a, p, temperature=0.2, form=form, **kw)
+            out[f"floor_stats/{form}/{tag}"] = torch.tensor([frac, bound], dtype=torch.float64)
+        for tag, kw in (("tau0_raw", {"tau_plus": 0.0, "normalize": False}),
+                        ("beta_only", {"beta": 0.8}),
+                        ("synthetic_only", {"hardest": 4, "synthetic": 3,
+                                            "generator": torch.Generator().manual_seed(2)})):
+            res = _loss_and_grads(contrastive_loss, a, p, None, form=form, **kw)
+            for key, val in res.items():
+                out[f"contrastive/{form}/{tag}/{key}"] = val
+    a32, p32 = a.float(), p.float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out["autocast/info_nce"] = hb.info_nce(a32, p32, temperature=0.05, form="simcse")
+        out["autocast/sscl"] = hb.sscl_loss(a32, p32, hardest=6, synthetic=4,
+                                            generator=torch.Generator().manual_seed(1))
+    for name, fn in (("hard_negative", hb.hard_negative_info_nce), ("sscl", hb.sscl_loss)):
+        kw = {"generator": torch.Generator().manual_seed(1)} if name == "sscl" else {}
+        out[f"half/{name}/torch.float16"] = fn(a.half(), p.half(), temperature=0.1, **kw)
+    return out
+
+
 def all_cases() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    return {**sampler_cases(), **loss_cases()}
+    return {**sampler_cases(), **loss_cases(), **loss_option_cases()}
 
 
 def machine() -> str:

@@ -97,3 +97,18 @@ def test_a_fed_bank_and_a_prefetching_loader_do_not_warn():
         for (idx,) in loader:
             bank.update(idx, torch.randn(len(idx), 8))
     assert not [w for w in caught if "EmbeddingBank" in str(w.message)]
+
+
+def test_read_embeddings_is_torch_on_the_source_device_without_a_copy():
+    from hardbatch.embeddings import read_embeddings, source_num_items
+    bank = hb.EmbeddingBank(40, 8)
+    x = read_embeddings(bank)
+    assert isinstance(x, torch.Tensor) and x.data_ptr() == bank.embeddings.data_ptr()
+    array = np.ones((40, 8), np.float32)
+    assert read_embeddings(array).data_ptr() == array.ctypes.data  # a view of the array
+    assert read_embeddings(lambda: array * 2).dtype == torch.float32
+    assert source_num_items(array) == (40, None)
+    n, first = source_num_items(lambda: torch.ones(40, 8, dtype=torch.float64))
+    assert n == 40 and first.dtype == torch.float32
+    with pytest.raises(ValueError, match="must hold numbers"):
+        read_embeddings(torch.ones(40, 8, dtype=torch.bool))

@@ -273,10 +273,10 @@ def test_auto_method_picks_by_size(rng, monkeypatch):
     x = unit_rows(rng, 500, 6)
     assert torch.equal(hb.gcbs_permutation(x, 0.99, seed=1),
                        hb.gcbs_permutation(x, 0.99, seed=1, method="exact"))
-    monkeypatch.setattr(gcbs, "AUTO_EXACT_MAX_ITEMS", 100)
+    monkeypatch.setattr(gcbs.pairs, "AUTO_EXACT_MAX_ITEMS", 100)
     assert torch.equal(hb.gcbs_permutation(x, 0.99, seed=1),
                        hb.gcbs_permutation(x, 0.99, seed=1, method="ivf"))
-    monkeypatch.setattr(gcbs, "AUTO_IVF_MAX_ITEMS", 200)
+    monkeypatch.setattr(gcbs.pairs, "AUTO_IVF_MAX_ITEMS", 200)
     assert torch.equal(hb.gcbs_permutation(x, 0.99, seed=1, partitions=3),
                        hb.gcbs_permutation(x, 0.99, seed=1, method="partition", partitions=3))
 

@@ -200,3 +200,17 @@ def test_wide_embeddings_are_gathered_in_small_blocks():
     x[:, 0] = 1
     plan = ProximityGraphPlan(x, 1000, 10, 0, 1, None, "fp32")
     assert plan.per_block * 1000 * 128 * 4 <= 16 * 2**20  # at most 4M floats (16 MiB)
+
+
+def test_graph_plans_read_a_tensor_in_place(rng):
+    """A float32 tensor is checked where it lives and used without a copy (a CUDA tensor never
+    visits the host); other inputs give the same graphs as their float32 array."""
+    from hardbatch.graph import KNNGraphPlan, ProximityGraphPlan
+    x = torch.from_numpy(unit_rows(rng, 200, 8))
+    plan = ProximityGraphPlan(x, 40, 5, 0, None, None, "fp32")
+    assert plan.x.data_ptr() == x.data_ptr()
+    assert KNNGraphPlan(x, 5, "exact", None, "fp32", None, 16, 0).x.data_ptr() == x.data_ptr()
+    for other in (x.double(), x.numpy(), x.numpy().astype(np.float64)):
+        assert torch.equal(hb.proximity_graph(other, 40, 5, seed=1),
+                           hb.proximity_graph(x, 40, 5, seed=1))
+        assert torch.equal(hb.knn_graph(other, 5), hb.knn_graph(x, 5))

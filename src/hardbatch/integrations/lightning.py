@@ -114,7 +114,15 @@ class _BankFeeder:
 
 def embedding_bank_callback_class(package: str | None = None) -> type:
     """The callback class for ``package`` (``"lightning.pytorch"`` or ``"pytorch_lightning"``;
-    default: whichever is installed, ``lightning.pytorch`` first)."""
+    default: whichever is installed, ``lightning.pytorch`` first).
+
+    Example:
+        >>> import lightning.pytorch as L
+        >>> from hardbatch.integrations.lightning import embedding_bank_callback_class
+        >>> callback_class = embedding_bank_callback_class("lightning.pytorch")
+        >>> callback_class.__name__, issubclass(callback_class, L.Callback)
+        ('EmbeddingBankCallback', True)
+    """
     module = _lightning_module(package)
     key = module.__name__
     if key not in _CLASSES:
@@ -133,7 +141,38 @@ Args:
     sampler: the hardbatch batch sampler of the training DataLoader (for ``set_epoch``), or None.
     indices_key, embeddings_key: keys of the ``training_step`` output dict.
     strict: raise when an output lacks the keys (default); False skips such batches.
+
+Example:
+    >>> import torch
+    >>> import lightning.pytorch as L
+    >>> import hardbatch as hb
+    >>> from hardbatch.integrations.lightning import EmbeddingBankCallback
+    >>> class Module(L.LightningModule):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.encoder, self.loss = torch.nn.Linear(8, 4), hb.InfoNCE(0.5)
+    ...     def training_step(self, batch, batch_idx):
+    ...         idx, view1, view2 = batch
+    ...         z1, z2 = self.encoder(view1), self.encoder(view2 + 0.1 * torch.randn_like(view2))
+    ...         return {"loss": self.loss(z1, z2), "indices": idx, "embeddings": z1}
+    ...     def configure_optimizers(self):
+    ...         return torch.optim.SGD(self.parameters(), lr=0.1)
+    >>> _ = torch.manual_seed(0)
+    >>> bank = hb.EmbeddingBank(40, 4)
+    >>> sampler = hb.KNNBatchSampler(bank, 8)
+    >>> loader = torch.utils.data.DataLoader(hb.IndexedDataset(torch.randn(40, 8)),
+    ...                                      batch_sampler=sampler)
+    >>> callback = EmbeddingBankCallback(bank, sampler)
+    >>> trainer = L.Trainer(max_epochs=2, callbacks=[callback], accelerator="cpu", logger=False,
+    ...                     enable_checkpointing=False, enable_progress_bar=False,
+    ...                     enable_model_summary=False)
+    >>> trainer.fit(Module(), loader)
+    >>> callback.updates, bank.step  # 2 epochs of 5 batches, each stored in the bank
+    (10, 10)
 """
+
+# doctest finds the lazily built class's examples here (it only looks at the module's dict)
+__test__ = {"EmbeddingBankCallback": _CALLBACK_DOC}
 
 
 def __getattr__(name: str):

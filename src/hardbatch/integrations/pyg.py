@@ -57,6 +57,20 @@ class IndexedGraphDataset(torch.utils.data.Dataset):
     """Wraps a PyG dataset (or a list of ``Data``) so that graph ``i`` carries ``item_id = i``.
 
     Items are shallow copies: the wrapped dataset's graphs are not modified.
+
+    Example:
+        >>> import torch
+        >>> from torch_geometric.data import Data
+        >>> triangle = torch.tensor([[0, 1, 1, 2, 2, 0], [1, 0, 2, 1, 0, 2]])  # both directions
+        >>> graphs = [Data(x=torch.ones(3, 8), edge_index=triangle) for _ in range(4)]
+        >>> from hardbatch.integrations.pyg import IndexedGraphDataset
+        >>> data = IndexedGraphDataset(graphs)
+        >>> data[2].item_id
+        tensor([2])
+        >>> from torch_geometric.loader import DataLoader
+        >>> batch = next(iter(DataLoader(data, batch_sampler=[[3, 0]])))  # a sampler's batch
+        >>> batch.item_id, batch.num_graphs
+        (tensor([3, 0]), 2)
     """
 
     def __init__(self, dataset, key: str = ITEM_KEY) -> None:
@@ -80,7 +94,22 @@ class IndexedGraphDataset(torch.utils.data.Dataset):
 
 
 def update_bank(bank, batch, embeddings: torch.Tensor, key: str = ITEM_KEY) -> None:
-    """``bank.update(batch.item_id, embeddings)`` for a PyG ``Batch`` of an indexed dataset."""
+    """``bank.update(batch.item_id, embeddings)`` for a PyG ``Batch`` of an indexed dataset.
+
+    Example:
+        >>> import hardbatch as hb
+        >>> from hardbatch.integrations.pyg import IndexedGraphDataset, update_bank
+        >>> import torch
+        >>> from torch_geometric.data import Data
+        >>> triangle = torch.tensor([[0, 1, 1, 2, 2, 0], [1, 0, 2, 1, 0, 2]])  # both directions
+        >>> graphs = [Data(x=torch.ones(3, 8), edge_index=triangle) for _ in range(4)]
+        >>> from torch_geometric.loader import DataLoader
+        >>> batch = next(iter(DataLoader(IndexedGraphDataset(graphs), batch_sampler=[[3, 0]])))
+        >>> bank = hb.EmbeddingBank(4, 8)
+        >>> update_bank(bank, batch, torch.ones(2, 8))  # rows 3 and 0
+        >>> bank.filled
+        0.5
+    """
     if key not in batch:
         raise ValueError(
             f"the batch has no '{key}' attribute: wrap the dataset in "
@@ -101,6 +130,19 @@ def graph_embeddings(
 
     ``model(batch)`` must return ``[num_graphs, d]`` for a PyG ``Batch``. Runs in eval mode
     (training mode restored) without gradients; returns a float32 CPU tensor.
+
+    Example:
+        >>> import torch
+        >>> from torch_geometric.nn import global_mean_pool
+        >>> class MeanPool(torch.nn.Module):  # model(batch) -> [num_graphs, d]
+        ...     def forward(self, batch):
+        ...         return global_mean_pool(batch.x, batch.batch)
+        >>> from torch_geometric.data import Data
+        >>> triangle = torch.tensor([[0, 1, 1, 2, 2, 0], [1, 0, 2, 1, 0, 2]])  # both directions
+        >>> graphs = [Data(x=torch.ones(3, 8), edge_index=triangle) for _ in range(4)]
+        >>> from hardbatch.integrations.pyg import graph_embeddings
+        >>> graph_embeddings(MeanPool(), graphs, batch_size=3).shape
+        torch.Size([4, 8])
     """
     from torch_geometric.loader import DataLoader
 
@@ -126,7 +168,23 @@ def graph_embeddings(
 def embedding_source(
     model: nn.Module, dataset, batch_size: int = 256, device: str | torch.device = "cpu"
 ) -> Callable[[], torch.Tensor]:
-    """A callable embedding source for samplers: a fresh :func:`graph_embeddings` pass per call."""
+    """A callable embedding source for samplers: a fresh :func:`graph_embeddings` pass per call.
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> from torch_geometric.data import Data
+        >>> triangle = torch.tensor([[0, 1, 1, 2, 2, 0], [1, 0, 2, 1, 0, 2]])  # both directions
+        >>> graphs = [Data(x=torch.ones(3, 8), edge_index=triangle) for _ in range(4)]
+        >>> from torch_geometric.nn import global_add_pool
+        >>> class SumPool(torch.nn.Module):  # model(batch) -> [num_graphs, d]
+        ...     def forward(self, batch):
+        ...         return global_add_pool(batch.x, batch.batch)
+        >>> from hardbatch.integrations.pyg import embedding_source
+        >>> source = embedding_source(SumPool(), graphs)  # a fresh pass at every refresh
+        >>> source().shape, len(hb.UniformBatchSampler(len(graphs), 2))
+        (torch.Size([4, 8]), 2)
+    """
     return lambda: graph_embeddings(model, dataset, batch_size, device)
 
 
@@ -228,6 +286,23 @@ def tu_dataset(root: str | os.PathLike, name: str, cache_dir: str | os.PathLike 
 
     The one-line alternative with plain PyG, for plain-text files in a writable folder:
     ``os.symlink(ROOT / NAME, ROOT / NAME / "raw")`` once, then ``TUDataset(ROOT, NAME)``.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> import numpy as np
+        >>> from hardbatch.integrations.pyg import tu_dataset
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> folder = pathlib.Path(tmp.name, "TOY")  # two triangles in the TU-Dortmund layout
+        >>> folder.mkdir()
+        >>> edges = [(a + g, b + g) for g in (0, 3) for a, b in ((1, 2), (2, 3), (3, 1))]
+        >>> np.savetxt(folder / "TOY_A.txt", edges + [(b, a) for a, b in edges], fmt="%d",
+        ...            delimiter=", ")
+        >>> np.savetxt(folder / "TOY_graph_indicator.txt", [1, 1, 1, 2, 2, 2], fmt="%d")
+        >>> np.savetxt(folder / "TOY_graph_labels.txt", [0, 1], fmt="%d")
+        >>> dataset = tu_dataset(tmp.name, "TOY", cache_dir=pathlib.Path(tmp.name, "cache"))
+        >>> len(dataset), dataset[0]
+        (2, Data(edge_index=[2, 6], y=[1], num_nodes=3))
+        >>> tmp.cleanup()
     """
     root = Path(root).expanduser()
     folder = _tu_folder(root, name)

@@ -153,6 +153,21 @@ def augment(x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: int, ratio
         ``(x, edge_index, batch, info)``: the augmented batch (nodes relabelled 0..n'-1, graph
         ids unchanged, so graph g of the output is graph g of the input) and
         ``info = {"choice": [G]}``.
+
+    Example:
+        >>> from hardbatch.integrations.pyg_augment import augment
+        >>> import torch
+        >>> ring = torch.stack([torch.arange(10), (torch.arange(10) + 1) % 10])  # a cycle of 10
+        >>> ring = torch.cat([ring, ring.flip(0)], dim=1)  # both directions of every edge
+        >>> edge_index = torch.cat([ring + 10 * g for g in range(4)], dim=1)  # 4 graphs
+        >>> x, batch = torch.ones(40, 8), torch.arange(40) // 10  # 40 nodes, d = 8
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> x2, edges2, batch2, info = augment(x, edge_index, batch, 4, 0.2, gen,
+        ...                                    choice=torch.tensor([0, 1, 2, 3]))
+        >>> torch.bincount(batch2, minlength=4).tolist()  # nodes dropped / kept / kept / subgraph
+        [8, 10, 10, 8]
+        >>> int((x2 != 1).any(dim=1).sum())  # graph 2: 2 nodes' features masked
+        2
     """
     n = batch.numel()
     if choice is None:
@@ -195,6 +210,14 @@ def released_self_loops(edge_index: Tensor, batch: Tensor, num_graphs: int) -> T
     a graph without edges gets none. The anchor view and the evaluated graphs of the released
     code carry these loops (GIN then weights a node's own features twice); its augmented view
     drops them again. Args: edge_index [2, E], batch [n] (sorted), G. Returns [2, E + loops].
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.integrations.pyg_augment import released_self_loops
+        >>> edge_index = torch.tensor([[0, 1, 1, 2, 3, 4], [1, 0, 2, 1, 4, 3]])  # 0-1-2 and 3-4
+        >>> loops = released_self_loops(edge_index, torch.tensor([0, 0, 0, 1, 1]), 2)
+        >>> loops[:, 6:].tolist()  # no loop on the last node with an edge of each graph
+        [[0, 1, 3], [0, 1, 3]]
     """
     n = batch.numel()
     if edge_index.shape[1] == 0 or n == 0:
@@ -235,6 +258,19 @@ def augment_released(x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: i
         ``(anchor_edge_index, x_aug, edge_index_aug, batch_aug, info)``: the anchor's edges with
         the released self-loops (its nodes and features are unchanged), the augmented view
         (graph ids unchanged), ``info = {"choice": [G]}`` (0..3 in the order above).
+
+    Example:
+        >>> import numpy as np
+        >>> import torch
+        >>> ring = torch.stack([torch.arange(10), (torch.arange(10) + 1) % 10])  # a cycle of 10
+        >>> ring = torch.cat([ring, ring.flip(0)], dim=1)  # both directions of every edge
+        >>> edge_index = torch.cat([ring + 10 * g for g in range(4)], dim=1)  # 4 graphs
+        >>> x, batch = torch.ones(40, 8), torch.arange(40) // 10  # 40 nodes, d = 8
+        >>> from hardbatch.integrations.pyg_augment import augment_released
+        >>> anchor, x2, edges2, batch2, info = augment_released(x, edge_index, batch, 4,
+        ...                                                     np.random.RandomState(0))
+        >>> anchor.shape, x2.shape[1], info["choice"].tolist()  # anchor: 9 loops per graph
+        (torch.Size([2, 116]), 8, [0, 0, 3, 1])
     """
     anchor = released_self_loops(edge_index, batch, num_graphs)
     counts = np.bincount(batch.numpy(), minlength=num_graphs)
@@ -306,6 +342,21 @@ def augment_batch(batch, ratio: float = 0.2, generator: torch.Generator | None =
         generator: drives every random choice (default: a generator seeded from torch's
             global one, so ``torch.manual_seed`` makes views reproducible).
         augmentations: the augmentations to draw from, one per graph.
+
+    Example:
+        >>> import torch
+        >>> from torch_geometric.data import Batch, Data
+        >>> from hardbatch.integrations.pyg_augment import augment_batch
+        >>> ring = torch.stack([torch.arange(10), (torch.arange(10) + 1) % 10])  # a cycle of 10
+        >>> ring = torch.cat([ring, ring.flip(0)], dim=1)  # both directions of every edge
+        >>> graphs = [Data(x=torch.ones(10, 8), edge_index=ring, y=torch.tensor([g % 2]),
+        ...                item_id=torch.tensor([g])) for g in range(4)]
+        >>> batch = Batch.from_data_list(graphs)
+        >>> view = augment_batch(batch, ratio=0.2, generator=torch.Generator().manual_seed(0))
+        >>> view.num_graphs, view.item_id.tolist(), view.y.tolist()  # graph-level: unchanged
+        (4, [0, 1, 2, 3], [0, 1, 0, 1])
+        >>> view.num_nodes <= batch.num_nodes
+        True
     """
     from torch_geometric.data import Batch
 

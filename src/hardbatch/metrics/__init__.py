@@ -35,11 +35,11 @@ Batches are any 1-D sequence of integer ids (list, NumPy array, tensor); a plan 
 is any iterable of batches (a list, a 2-D array, or a sampler, which is iterated once).
 Bad input raises ``ValueError`` naming the parameter and the fix.
 
-Modules: :mod:`~hardbatch.metrics.batches` (per batch and per plan),
+Modules: :mod:`~hardbatch.metrics.batch_quality` (per batch and per plan),
 :mod:`~hardbatch.metrics.global_loss` (global vs training loss),
 :mod:`~hardbatch.metrics.files` (embedding, label and reference files).
 """
-from .batches import (
+from .batch_quality import (
     NEAR_DUPLICATE,
     batch_duplicate_rate,
     batch_false_negative_rate,

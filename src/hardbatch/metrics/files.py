@@ -107,6 +107,17 @@ def read_embeddings_file(path: str | os.PathLike, what: str = "embeddings") -> n
 
     Raises ``ValueError`` for a wrong extension, a file that is not what its extension says, a
     shape other than ``[N >= 2, d >= 1]``, a non-numeric dtype or NaN / inf values.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> import numpy as np
+        >>> from hardbatch.metrics import read_embeddings_file
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     path = pathlib.Path(tmp) / "train.npz"
+        ...     np.savez(path, embeddings=np.ones((40, 8)))
+        ...     x = read_embeddings_file(path)
+        >>> x.shape, x.dtype
+        ((40, 8), dtype('float32'))
     """
     p = _check_file(path, what, EMBEDDING_EXTENSIONS)
     x = _read_array(p, "embeddings", what)
@@ -129,7 +140,19 @@ def read_embeddings_file(path: str | os.PathLike, what: str = "embeddings") -> n
 
 def read_labels_file(path: str | os.PathLike, num_items: int) -> np.ndarray:
     """``[N]`` labels from ``.npy`` / ``.npz`` / ``.pt`` (key ``labels`` in a dict or archive)
-    or ``.txt`` / ``.csv`` (one label per line); ``num_items`` entries are required."""
+    or ``.txt`` / ``.csv`` (one label per line); ``num_items`` entries are required.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> import numpy as np
+        >>> from hardbatch.metrics import read_labels_file
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> path = pathlib.Path(tmp.name, "labels.txt")
+        >>> np.savetxt(path, np.arange(40) % 4, fmt="%d")  # one label per line
+        >>> read_labels_file(path, num_items=40)[:6].tolist()
+        [0, 1, 2, 3, 0, 1]
+        >>> tmp.cleanup()
+    """
     p = _check_file(path, "labels", LABEL_EXTENSIONS)
     y = _read_array(p, "labels", "labels")
     if y.ndim == 2 and y.shape[1] == 1:
@@ -160,6 +183,22 @@ def load_reference(reference, num_items: int | None = None,
 
     Raises:
         ValueError: wrong shape, non-finite values, or a row count other than ``num_items``.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> import torch
+        >>> from hardbatch.metrics import load_reference
+        >>> load_reference(torch.ones(40, 8), num_items=40).shape
+        (40, 8)
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     torch.save({"embeddings": torch.ones(40, 8)}, pathlib.Path(tmp) / "ref.pt")
+        ...     reference = load_reference(pathlib.Path(tmp) / "ref.pt", num_items=40)
+        >>> reference.dtype
+        dtype('float32')
+        >>> load_reference(torch.ones(30, 8), num_items=40)
+        Traceback (most recent call last):
+            ...
+        ValueError: reference has 30 rows but there are 40 items; ...
     """
     if isinstance(reference, (str, os.PathLike)):
         x = read_embeddings_file(reference, what=name)

@@ -132,6 +132,15 @@ def loss_gap(embeddings: ArrayLike, batches: Iterable[BatchLike], temperature: f
         all N items, the training loss over the ``items_drawn`` distinct drawn items, the mean
         gap over those items, and ``items_drawn / N``; with ``reference`` also
         ``"reference_global_loss"``, ``"reference_batch_loss"`` and ``"reference_gap"``.
+
+    Example:
+        >>> import torch
+        >>> x = torch.eye(8)[torch.arange(40) % 8]  # 40 items, d = 8: item i is a copy of i + 8
+        >>> from hardbatch.metrics import loss_gap
+        >>> plan = torch.arange(40).reshape(5, 8).T  # batch k: items k, k + 8, ...: all copies
+        >>> {key: round(value, 3) for key, value in loss_gap(x, plan, temperature=0.5).items()}
+        {'global_loss': 2.276, 'batch_loss': 1.609, 'gap': 0.666, 'items_drawn': 40,
+         'coverage': 1.0}
     """
     return LossGap(embeddings, temperature, positives, block_size, reference=reference)(batches)
 
@@ -143,6 +152,18 @@ class LossGap:
     views (same arguments and rules as :func:`loss_gap`); ``gap(batches)`` returns
     :func:`loss_gap`'s dict for that plan. The per-item global losses ``L_i^G`` (float64
     ``[N]``, :attr:`global_losses`) are computed on first use.
+
+    Example:
+        >>> import torch
+        >>> x = torch.eye(8)[torch.arange(40) % 8]  # 40 items, d = 8: item i is a copy of i + 8
+        >>> from hardbatch.metrics import LossGap
+        >>> gap = LossGap(x, temperature=0.5)
+        >>> gap.global_losses.shape
+        torch.Size([40])
+        >>> round(gap(torch.arange(40).reshape(5, 8))["gap"], 3)  # no copies in a batch
+        1.609
+        >>> round(gap(torch.arange(40).reshape(5, 8).T)["gap"], 3)  # copies together: harder
+        0.666
     """
 
     def __init__(self, embeddings: ArrayLike, temperature: float = 0.5,

@@ -1,28 +1,31 @@
 """Batch samplers: ``DataLoader(dataset, batch_sampler=sampler)`` yields ``list[int]`` batches.
 
 Every sampler shares the contract of :mod:`hardbatch.samplers.base` (epoch length, seeds,
-resume, ranks). Modules:
+resume, ranks). Public: the four samplers and the two extension points, :class:`PlanSampler`
+(a plan of batches) and :class:`EmbeddingSampler` (batches drawn from a structure rebuilt from
+embeddings, by way of the :class:`Builder` protocol). Modules:
 
 * ``base``: :class:`PlanSampler`, the plan, its rank split and its checkpoints;
-* ``planner``: :class:`Planner`, the optional thread that plans steps ahead (``prefetch``);
-* ``refresh``: :class:`RefreshPolicy`, rebuilding a sampler's structure from its embedding
-  source every t steps or every epoch (lag, background and distributed builds), and
-  :class:`RefreshingSampler`, a plan sampler with one;
-* ``anchored``: :class:`AnchoredSampler`, the base of the two samplers below;
+* ``prefetch``: the optional thread that plans steps ahead (``prefetch``);
+* ``refresh``: the :class:`Builder` protocol and the refresh policy, which rebuilds a sampler's
+  structure from its embedding source every t steps or every epoch (lag, background and
+  distributed builds);
+* ``embedding_sampler``: :class:`EmbeddingSampler`, the base of the three samplers below;
 * ``duplicates``: ``duplicate_keys`` (items with equal keys never share a batch): encoding,
   feasibility checks and the repair of partitions;
-* one module per sampler: ``uniform``, ``proximity``, ``knn``, ``gcbs``.
+* one module per sampler: ``uniform``, ``proximity``, ``knn``, ``gcbs_sampler``.
+
+Inheritance: ``torch.utils.data.Sampler`` > ``PlanSampler`` > ``UniformBatchSampler`` |
+``EmbeddingSampler`` > ``ProximityGraphSampler`` | ``KNNBatchSampler`` | ``GCBSSampler``.
 """
 
-from .anchored import AnchoredSampler
 from .base import PlanSampler
-from .gcbs import GCBSSampler
+from .embedding_sampler import EmbeddingSampler
+from .gcbs_sampler import GCBSSampler
 from .knn import KNNBatchSampler
-from .planner import Planner
 from .proximity import ProximityGraphSampler
-from .refresh import RefreshingSampler, RefreshPolicy
+from .refresh import Builder
 from .uniform import UniformBatchSampler
 
-__all__ = ["AnchoredSampler", "GCBSSampler", "KNNBatchSampler", "PlanSampler", "Planner",
-           "ProximityGraphSampler", "RefreshPolicy", "RefreshingSampler",
-           "UniformBatchSampler"]
+__all__ = ["Builder", "EmbeddingSampler", "GCBSSampler", "KNNBatchSampler", "PlanSampler",
+           "ProximityGraphSampler", "UniformBatchSampler"]

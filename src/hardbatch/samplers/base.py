@@ -31,8 +31,8 @@ Every sampler of :mod:`hardbatch.samplers` is a :class:`PlanSampler`:
   (:mod:`hardbatch.samplers.duplicates`).
 * Bad input raises ``ValueError`` naming the parameter and the fix.
 
-This module holds the plan and its checkpoints only; the planner thread of ``prefetch`` is a
-composed :class:`~hardbatch.samplers.planner.Planner`.
+This module holds the plan and its checkpoints only; the thread of ``prefetch`` is a composed
+:class:`~hardbatch.samplers.prefetch.PrefetchThread`.
 """
 
 from __future__ import annotations
@@ -48,12 +48,12 @@ from torch.utils.data import Sampler
 
 from .._validation import check_int
 from .duplicates import DuplicateKeys, check_partition_keys, check_walk_keys, encode_keys
-from .planner import Planner, Step
+from .prefetch import PrefetchThread, Step
 
 LOOKBACK = 1024  # steps kept so that state_dict(consumed=...) can rewind a prefetching loader
 
 
-def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """(rank, world_size) checked; None takes torch.distributed's (0 and 1 without it)."""
     if rank is None or world_size is None:
         dist = torch.distributed
@@ -80,7 +80,18 @@ class PlanSampler(Sampler[list[int]]):
     Subclasses implement :meth:`_generate` (plan batch ``index`` of the epoch) and, where
     they keep state across batches, :meth:`_begin_epoch`, :meth:`_generator_state` and
     :meth:`_load_generator_state`; :meth:`_on_step` and :meth:`_plannable` tie them to the
-    loop's progress and to the planner thread (``prefetch`` > 0).
+    loop's progress and to the prefetch thread (``prefetch`` > 0).
+
+    Example:
+        >>> import numpy as np
+        >>> from hardbatch.samplers import PlanSampler
+        >>> class Blocks(PlanSampler):  # batch i: items i*B .. i*B + B - 1
+        ...     def _generate(self, index, global_step):
+        ...         b = self.plan_batch_size
+        ...         return np.arange(index * b, min(self.num_items, (index + 1) * b))
+        >>> sampler = Blocks(40, 16, drop_last=False, seed=0, rank=None, world_size=None)
+        >>> [len(batch) for batch in sampler], sampler.epoch
+        ([16, 16, 8], 1)
     """
 
     _settings = ("num_items", "batch_size", "world_size", "seed", "drop_last", "global_batch")
@@ -93,7 +104,7 @@ class PlanSampler(Sampler[list[int]]):
         self.batch_size = check_int(batch_size, "batch_size", low=1)
         self.drop_last = bool(drop_last)
         self.seed = check_int(seed, "seed")
-        self.rank, self.world_size = rank_and_world(rank, world_size)
+        self.rank, self.world_size = _rank_and_world(rank, world_size)
         self.global_batch = bool(global_batch)
         w = self.world_size
         self.plan_batch_size = self.batch_size * w if self.global_batch else self.batch_size
@@ -116,7 +127,7 @@ class PlanSampler(Sampler[list[int]]):
         self._active = False
         self._generation = 0  # counts iterations; an iterator older than the newest is stale
         self.prefetch = check_int(prefetch, "prefetch", low=0)
-        self.planner = Planner(self.prefetch) if self.prefetch else None
+        self.prefetcher = PrefetchThread(self.prefetch) if self.prefetch else None
         self._finished: tuple[int, int] | None = None  # (epoch, steps) of an iteration just done
 
     # -- plan geometry -------------------------------------------------
@@ -187,11 +198,11 @@ class PlanSampler(Sampler[list[int]]):
         """Called in the training loop's thread just before batch ``global_step`` is handed out."""
 
     def _plannable(self, global_step: int) -> bool:
-        """Whether the planner thread may generate ``global_step`` before the loop asks for it."""
+        """Whether the prefetch thread may generate ``global_step`` before the loop asks for it."""
         return True
 
     # -- iteration -----------------------------------------------------
-    def _plan_step(self, step: int) -> Step:
+    def _step_batches(self, step: int) -> Step:
         """All plan batches of local step ``step``: plan batches step*W .. step*W + W - 1, or
         the one global batch ``step`` (topped up to W items if shorter) with global_batch."""
         w, global_step = self.plan_width, self.epoch * len(self) + step
@@ -221,13 +232,13 @@ class PlanSampler(Sampler[list[int]]):
 
     def _hand_out(self, global_step: int) -> None:
         self._on_step(global_step)
-        if self.planner is not None:
-            self.planner.advance(global_step)
+        if self.prefetcher is not None:
+            self.prefetcher.advance(global_step)
 
     def __iter__(self) -> Iterator[list[int]]:
-        # A new iteration supersedes any earlier one: stop its planner before the plan moves.
-        if self.planner is not None:
-            self.planner.begin()
+        # A new iteration supersedes any earlier one: stop its prefetch thread first.
+        if self.prefetcher is not None:
+            self.prefetcher.begin()
         self._generation += 1
         generation = self._generation
         steps = len(self)
@@ -249,18 +260,18 @@ class PlanSampler(Sampler[list[int]]):
             yield self._rank_batch(plan)
             step += 1
         run = None
-        if self.planner is not None and step < steps:
-            run = self.planner.start(range(base + step, base + steps),
-                                     lambda g: self._plan_step(g - base), self._plannable)
+        if self.prefetcher is not None and step < steps:
+            run = self.prefetcher.start(range(base + step, base + steps),
+                                     lambda g: self._step_batches(g - base), self._plannable)
         try:
             while step < steps:
                 t0 = time.perf_counter()
                 if run is not None and self._generation != generation:
                     raise RuntimeError("this iterator was superseded by a newer iteration of the "
                                        "sampler (e.g. a new DataLoader iterator), which stopped "
-                                       "its planner thread; iterate the newest one")
+                                       "its prefetch thread; iterate the newest one")
                 self._hand_out(base + step)
-                plan = self.planner.take(run) if run is not None else self._plan_step(step)
+                plan = self.prefetcher.take(run) if run is not None else self._step_batches(step)
                 self.sampler_seconds += time.perf_counter() - t0
                 self._recent.append(plan)
                 self._yielded = step + 1
@@ -268,7 +279,7 @@ class PlanSampler(Sampler[list[int]]):
                 step += 1
         finally:
             if run is not None:
-                self.planner.stop(run)  # this iteration's planner only
+                self.prefetcher.stop(run)  # this iteration's thread only
         self._active = False
         self._finished = (self.epoch, step)
         self.epoch += 1
@@ -286,8 +297,8 @@ class PlanSampler(Sampler[list[int]]):
         gives the next epoch's start. The state holds only tensors, numbers, strings,
         lists and dicts.
         """
-        # With a planner thread: between two of its steps.
-        with contextlib.nullcontext() if self.planner is None else self.planner.lock:
+        # With a prefetch thread: between two of its steps.
+        with contextlib.nullcontext() if self.prefetcher is None else self.prefetcher.lock:
             return self._state_dict(consumed)
 
     def _state_dict(self, consumed: int | None) -> dict:
@@ -306,8 +317,8 @@ class PlanSampler(Sampler[list[int]]):
                              f"and the {yielded} batches yielded this epoch")
         lag = yielded - consumed
         steps = list(self._recent)[len(self._recent) - lag:] if lag else []
-        # then the loaded steps not replayed yet and those planned ahead by the planner thread
-        planned = self.planner.planned() if self._active and self.planner is not None else []
+        # then the loaded steps not replayed yet and those planned ahead by the prefetch thread
+        planned = self.prefetcher.planned() if self._active and self.prefetcher is not None else []
         planned = (list(self._replay) if self._active else []) + planned
         steps += planned
         state = {key: getattr(self, key) for key in self._settings}
@@ -349,8 +360,8 @@ class PlanSampler(Sampler[list[int]]):
                     f"rank={self.rank}; load the state_dict() that rank {self.rank} saved")
             pending = [[np.asarray(b, dtype=np.int64) if r == self.rank else None
                         for r in range(self.world_size)] for b in state["pending"]]
-        if self.planner is not None:  # a running iteration is superseded by the loaded state
-            self.planner.stop(self.planner.run)
+        if self.prefetcher is not None:  # a running iteration is superseded by the loaded state
+            self.prefetcher.stop(self.prefetcher.run)
         self.epoch = int(state["epoch"])
         self._finished = None
         self._pending = pending

@@ -31,7 +31,7 @@ from scipy.sparse.csgraph import connected_components
 
 from .._logging import get_logger
 from .._validation import as_embeddings, check_choice, check_real
-from ..pair_search import thresholded_pairs
+from ..gcbs import thresholded_pairs
 
 __all__ = ["DuplicateKeys", "check_partition_keys", "check_walk_keys", "encode_keys",
            "near_duplicate_keys", "separate_keys", "shared_value_keys"]
@@ -45,6 +45,12 @@ class DuplicateKeys:
         values: the original key of each id (for messages).
         counts: int64 [number of ids], items per key id (each >= 2).
         classes: distinct keys among the items (unique items count one each).
+
+    Example:
+        >>> from hardbatch.samplers.duplicates import encode_keys
+        >>> keys = encode_keys(["a", "b", "a", "c"], 4)
+        >>> keys.ids.tolist(), keys.values, keys.classes, keys.any
+        ([0, -1, 0, -1], ['a'], 3, True)
     """
 
     def __init__(self, ids: np.ndarray, values: list) -> None:
@@ -70,6 +76,14 @@ def encode_keys(keys, num_items: int, name: str = "duplicate_keys") -> Duplicate
     """``keys`` (N hashable values) as :class:`DuplicateKeys`; None for ``keys=None``.
 
     ``ValueError`` naming ``name`` for a wrong length, a non-sequence or an unhashable key.
+
+    Example:
+        >>> from hardbatch.samplers.duplicates import encode_keys
+        >>> try:
+        ...     encode_keys(["a", "b"], 3)
+        ... except ValueError as err:
+        ...     print(str(err).split(";")[0])
+        duplicate_keys has 2 keys but there are N=3 items
     """
     if keys is None:
         return None
@@ -105,6 +119,11 @@ def shared_value_keys(rows: Iterable[Sequence]) -> list[int]:
 
     ``rows``: for each item, its values (e.g. the texts of all columns of a row). Returns one
     int per row, the smallest row index of its group (union-find over equal values).
+
+    Example:
+        >>> from hardbatch.samplers.duplicates import shared_value_keys
+        >>> shared_value_keys([("a", "b"), ("c", "d"), ("b", "e"), ("e", "f")])
+        [0, 1, 0, 0]
     """
     parent: list[int] = []
     owner: dict = {}
@@ -144,12 +163,21 @@ def near_duplicate_keys(embeddings, threshold: float = 0.9, *,
         embeddings: ``[N, d]`` array or tensor (rows are L2-normalised here).
         threshold: cosine in ``[-1, 1)``; pairs with ``cos > threshold`` are near-duplicates.
         method, nlist, nprobe, seed, device: the pair search of
-            :func:`hardbatch.pair_search.thresholded_pairs` (``"exact"``: blocked dense
+            :func:`hardbatch.gcbs.thresholded_pairs` (``"exact"``: blocked dense
             products, O(N^2 d); ``"ivf"``: inverted lists, approximate, for large N).
 
     Returns:
         int64 ``[N]``: the smallest item index of each item's group (an item with no
         near-duplicate is its own key).
+
+    Example:
+        >>> import numpy as np
+        >>> import hardbatch as hb
+        >>> x = np.random.default_rng(0).standard_normal((40, 8))
+        >>> x[7] = x[3] + 0.01  # a near-copy of item 3
+        >>> keys = hb.near_duplicate_keys(x, threshold=0.99)
+        >>> int(keys[7]), int((keys != np.arange(40)).sum())
+        (3, 1)
     """
     x = as_embeddings(embeddings, "embeddings", normalize=True)
     t = check_real(threshold, "threshold", "a cosine in [-1, 1)")
@@ -178,7 +206,12 @@ def _name(keys: DuplicateKeys, key_id: int) -> str:
 
 
 def check_walk_keys(keys: DuplicateKeys, batch_size: int) -> None:
-    """``ValueError`` unless the items hold at least ``batch_size`` distinct keys."""
+    """``ValueError`` unless the items hold at least ``batch_size`` distinct keys.
+
+    Example:
+        >>> from hardbatch.samplers.duplicates import check_walk_keys, encode_keys
+        >>> check_walk_keys(encode_keys(["a", "a", "b"], 3), 2)  # 2 distinct keys: fine
+    """
     if keys.classes < batch_size:
         worst = int(np.argmax(keys.counts))
         raise ValueError(
@@ -189,7 +222,13 @@ def check_walk_keys(keys: DuplicateKeys, batch_size: int) -> None:
 
 
 def partition_capacities(num_items: int, batch_size: int, drop_last: bool) -> np.ndarray:
-    """Sizes of an epoch's partition batches: B each, the last N mod B unless dropped."""
+    """Sizes of an epoch's partition batches: B each, the last N mod B unless dropped.
+
+    Example:
+        >>> from hardbatch.samplers.duplicates import partition_capacities
+        >>> partition_capacities(40, 16, False).tolist(), partition_capacities(40, 16, True)
+        ([16, 16, 8], array([16, 16]))
+    """
     full, rest = divmod(num_items, batch_size)
     caps = [batch_size] * full + ([rest] if rest and not drop_last else [])
     return np.array(caps, np.int64)
@@ -211,6 +250,14 @@ def check_partition_keys(keys: DuplicateKeys, num_items: int, batch_size: int,
     Feasible iff (Gale-Ryser) for every t, the t largest batches hold at most
     ``sum_k min(c_k, t)`` items (c_k: items of key k, unique items counting 1); with
     ``drop_last`` the N mod B dropped items are taken from the largest groups first.
+
+    Example:
+        >>> from hardbatch.samplers.duplicates import check_partition_keys, encode_keys
+        >>> try:
+        ...     check_partition_keys(encode_keys(["a"] * 4 + list("bcdefg"), 10), 10, 4, False)
+        ... except ValueError as err:
+        ...     print(str(err).split("; ")[1])
+        use batch_size <= 2, or merge / drop the copies
     """
     caps = partition_capacities(num_items, batch_size, drop_last)
     nb = len(caps)
@@ -351,6 +398,13 @@ def separate_keys(order: np.ndarray, kept: int, batch_size: int,
     the nearest item of the nearest batch, forward first, that lacks its key and whose key
     the clashing batch lacks; if no such swap exists, :func:`_construct` rebuilds the batches.
     Unchanged (the same array) when no key is shared.
+
+    Example:
+        >>> import numpy as np
+        >>> from hardbatch.samplers.duplicates import encode_keys, separate_keys
+        >>> keys = encode_keys(["a", "a", "b", "c"], 4)
+        >>> separate_keys(np.arange(4), 4, 2, keys).reshape(2, 2).tolist()  # items 0, 1 apart
+        [[0, 2], [1, 3]]
     """
     if keys is None or not keys.any:
         return order

@@ -6,11 +6,12 @@ import numpy as np
 import torch
 
 from .._device import resolve_device
+from .._validation import embedding_tensor
 from ..embeddings import EmbeddingSource
-from .anchored import AnchoredSampler
+from .embedding_sampler import EmbeddingSampler
 
 
-class KNNBatchSampler(AnchoredSampler):
+class KNNBatchSampler(EmbeddingSampler):
     """kNN sampler (the paper's baseline): a random anchor plus its B-1 nearest neighbours.
 
     Anchors are drawn from items not yet seen this epoch. Every
@@ -24,8 +25,9 @@ class KNNBatchSampler(AnchoredSampler):
         batch_size: B (< N).
         refresh_every: steps between snapshots; None reads the source once.
         refresh_lag: steps between a snapshot and its use (default 0).
-        prefetch: batches planned ahead in a planner thread (see ProximityGraphSampler).
-        device: where the per-batch product runs (the snapshot lives there).
+        prefetch: batches planned ahead in a prefetch thread (see ProximityGraphSampler).
+        device: where the per-batch product runs (the snapshot lives there; a source on this
+            device is read, normalised and copied there, never through the host).
         global_batch: each step is one anchor plus its ``world_size * batch_size - 1``
             nearest rows, rank r taking slice r (see :class:`~hardbatch.samplers.PlanSampler`).
         duplicate_keys: N hashable keys (e.g. the texts); a batch takes the next nearest
@@ -36,6 +38,17 @@ class KNNBatchSampler(AnchoredSampler):
     Under DDP every rank needs the same snapshot for the plans to agree:
     feed it from an :class:`EmbeddingBank` (synchronised across ranks) or a
     fixed table.
+
+    Example:
+        >>> import numpy as np
+        >>> import hardbatch as hb
+        >>> x = np.random.default_rng(0).standard_normal((40, 8)).astype(np.float32)
+        >>> batch = next(iter(hb.KNNBatchSampler(x, 4, refresh_every=None)))
+        >>> u = x / np.linalg.norm(x, axis=1, keepdims=True)
+        >>> sims = u @ u[batch[0]]
+        >>> sims[batch[0]] = -2
+        >>> sorted(batch[1:]) == sorted(np.argsort(-sims)[:3].tolist())
+        True
     """
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int,
@@ -56,15 +69,16 @@ class KNNBatchSampler(AnchoredSampler):
             raise ValueError(f"{name} must be smaller than N={self.num_items} for the kNN "
                              "sampler (anchor plus B-1 neighbours)")
 
-    def _build(self, x: np.ndarray, step: int, group) -> torch.Tensor:
-        """The snapshot [N, d] on ``device``."""
-        # A copy: ``x`` may be a view of the live source (an EmbeddingBank, normalize=False),
-        # and the snapshot must stay as it was at its refresh step.
-        return torch.from_numpy(x).to(self.device, copy=True)
+    def build(self, x: torch.Tensor, step: int, group) -> torch.Tensor:
+        """The snapshot [N, d] on ``device`` (checked for NaN / inf)."""
+        # Normalised rows are a new tensor already; without normalize ``x`` may be the live
+        # source (an EmbeddingBank), and the snapshot must stay as it was at its refresh step.
+        return embedding_tensor(x).to(self.device, copy=not self.normalize)
 
-    def _draw(self, structure: torch.Tensor, index: int, seed: int,
-              start: int | None = None) -> np.ndarray:
-        state, b = self._walk_state, self.plan_batch_size
+    def draw(self, structure: torch.Tensor, index: int, seed: int,
+             start: int | None = None) -> np.ndarray:
+        """The anchor (``start``, else the walk state's next start) and its nearest rows."""
+        state, b = self.walk_state, self.plan_batch_size
         anchor = state.next_start(seed) if start is None else start
         sims = structure @ structure[anchor]
         sims[anchor] = -torch.inf
@@ -83,10 +97,12 @@ class KNNBatchSampler(AnchoredSampler):
         state.seen[batch] = 1
         return batch
 
-    def _save(self, structure: torch.Tensor) -> dict:
+    def save_structure(self, structure: torch.Tensor) -> dict:
+        """The snapshot on the CPU."""
         return {"snapshot": structure.cpu().clone()}
 
-    def _load(self, state: dict) -> torch.Tensor | None:
+    def load_structure(self, state: dict) -> torch.Tensor | None:
+        """The snapshot saved by :meth:`save_structure` on ``device``, or None."""
         if "snapshot" not in state:
             return None
         return torch.as_tensor(state["snapshot"], dtype=torch.float32).to(self.device)

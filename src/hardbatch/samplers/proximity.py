@@ -16,10 +16,10 @@ from ..embeddings import EmbeddingSource
 from ..graph import check_graph_sizes, check_group_size, knn_graph, proximity_graph
 from ..schedules import LinearDecay
 from ..walks import WALKS, check_restart, default_patience, prepare_graph
-from .anchored import AnchoredSampler
+from .embedding_sampler import EmbeddingSampler
 
 
-class ProximityGraphSampler(AnchoredSampler):
+class ProximityGraphSampler(EmbeddingSampler):
     """BatchSampler (Yang et al., KDD 2023): batches are walks on a proximity graph.
 
     Every ``refresh_every`` steps the sampler re-reads its embedding source
@@ -48,7 +48,9 @@ class ProximityGraphSampler(AnchoredSampler):
         patience: RWR/RW steps without a new item before jumping to a fresh start.
         device: where the graph is built (``"cuda"``: products and top-k on the GPU;
             the candidate pools, hence the graph up to floating-point near-ties, are
-            the same on every device). Walks run on the CPU.
+            the same on every device). Walks run on the CPU. A source on this device (an
+            ``EmbeddingBank(device="cuda")``) is read and normalised there, never copied to
+            the host; only the [N, K] neighbour table is.
         precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"`` products with
             fp32 accumulation (see :func:`hardbatch.proximity_graph`).
         refresh_lag: steps between the snapshot of the embeddings at a refresh step
@@ -57,10 +59,10 @@ class ProximityGraphSampler(AnchoredSampler):
         background: build the next graph in a worker thread from the snapshot, so
             the training loop does not wait for it; same batches as
             ``background=False`` with the same ``refresh_lag``.
-        prefetch: plan up to this many batches (walks) ahead in a planner thread
+        prefetch: plan up to this many batches (walks) ahead in a prefetch thread
             (default 0: walks run when a batch is requested). Same batches as
             ``prefetch=0``; snapshots are still taken in the training loop's thread
-            when the refresh step's batch is requested, so the planner runs ahead by
+            when the refresh step's batch is requested, so the thread runs ahead by
             at most ``refresh_every + refresh_lag - 1`` steps past a refresh step.
         distributed: build the graph sharded across the ranks of ``process_group``
             and all-gather it (identical to the single-process graph). None
@@ -76,6 +78,15 @@ class ProximityGraphSampler(AnchoredSampler):
             default) when stderr is a terminal; shown once a build runs past 2 s. Every
             build also logs one INFO record on the ``hardbatch`` logger.
         drop_last, seed, rank, world_size: as in every sampler.
+
+    Example:
+        >>> import numpy as np
+        >>> import hardbatch as hb
+        >>> x = np.random.default_rng(0).standard_normal((40, 8)).astype(np.float32)
+        >>> sampler = hb.ProximityGraphSampler(x, 8, candidates=20, neighbors=5)
+        >>> batches = list(sampler)
+        >>> len(batches), [len(set(b)) for b in batches], tuple(sampler.graph.shape)
+        (5, [8, 8, 8, 8, 8], (40, 5))
     """
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, candidates: int = 1000,
@@ -138,8 +149,9 @@ class ProximityGraphSampler(AnchoredSampler):
         structure = self.refresh_policy.structure
         return None if structure is None else torch.from_numpy(structure[0])
 
-    def _build(self, x: np.ndarray, step: int, group) -> tuple[np.ndarray, np.ndarray]:
-        """The neighbour table and row degrees of the graph of ``x``."""
+    def build(self, x: torch.Tensor, step: int, group) -> tuple[np.ndarray, np.ndarray]:
+        """The neighbour table and row degrees of the graph of ``x`` (built on ``device``; only
+        the table becomes NumPy, for the walks' numba kernels)."""
         seed = _rng.derive_seed(self.seed, step, 0x6A)
         kw = {"device": self.device, "precision": self.precision}
         if group is None and not self.distributed:
@@ -176,19 +188,22 @@ class ProximityGraphSampler(AnchoredSampler):
         return check_restart(float(self.restart(progress)),
                              f"restart (schedule value at progress {progress:.4g})")
 
-    def _draw(self, structure, index: int, seed: int, start: int | None = None) -> np.ndarray:
+    def draw(self, structure, index: int, seed: int, start: int | None = None) -> np.ndarray:
+        """A walk of ``plan_batch_size`` items on the graph (from ``start``, if given)."""
         graph, deg = structure
         patience = self.patience or default_patience(graph.shape[1])
-        return self._walk_state.walk(graph, deg, self.plan_batch_size, WALKS[self.walk],
+        return self.walk_state.walk(graph, deg, self.plan_batch_size, WALKS[self.walk],
                                      np.array([self.restart_at(self.epoch, index)]),
                                      np.array([seed], np.uint64), patience,
                                      None if start is None else np.array([start]))[0]
 
-    def _save(self, structure) -> dict:
+    def save_structure(self, structure) -> dict:
+        """The neighbour table as a tensor (int32 below 2**31 items)."""
         return {"graph": torch.from_numpy(structure[0].astype(
             np.int32 if self.num_items < 2**31 else np.int64))}
 
-    def _load(self, state: dict):
+    def load_structure(self, state: dict):
+        """The graph saved by :meth:`save_structure`, or None."""
         if "graph" not in state:
             return None
         return prepare_graph(np.asarray(state["graph"], np.int64), self.num_items)

@@ -2,8 +2,10 @@
 
 One :class:`RefreshPolicy` serves every sampler that reads embeddings: the proximity-graph
 and kNN samplers (a graph or a snapshot, rebuilt every ``refresh_every`` steps) and GCBS (an
-order, rebuilt every epoch). :class:`RefreshingSampler` wires a policy into the plan of
-:class:`~hardbatch.samplers.base.PlanSampler`.
+order, rebuilt every epoch). What is built, drawn from and checkpointed is the business of a
+:class:`Builder` (for the built-in samplers: the sampler itself); the policy reads the source
+(once per build, as a torch tensor on the source's device, L2-normalised there with
+``normalize``) and decides when.
 """
 
 from __future__ import annotations
@@ -12,20 +14,53 @@ import concurrent.futures
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
-from .. import distributed as hbdist
-from .._validation import check_int
+from .._validation import l2_normalize_rows
 from ..embeddings import EmbeddingBank, EmbeddingSource, read_embeddings, unwritten_bank_warning
-from .base import PlanSampler
 
 Structure = object  # what a sampler draws batches from: a graph, a snapshot, an order
 
 
-def check_rows(x: np.ndarray, num_items: int, name: str = "embedding source") -> None:
+@runtime_checkable
+class Builder(Protocol):
+    """What an :class:`~hardbatch.samplers.EmbeddingSampler` draws its batches from (the
+    extension point of the embedding samplers; each built-in sampler is its own builder).
+
+    * ``build(x, key, group)``: the structure from the embeddings read at refresh ``key`` (the
+      refresh step, or the epoch for GCBS): ``x`` is a float32 ``[N, d]`` tensor on the
+      source's device (unit rows with ``normalize``; a pair ``(x, y)`` with a paired source),
+      unchecked for NaN / inf (the build checks what it reads); ``group`` is the process group
+      of a distributed build, or None;
+    * ``draw(structure, index, seed, start)``: plan batch ``index`` of the epoch as an int64
+      array, drawn with stream ``seed`` from start node ``start`` (None: the walk state's next
+      one; the start is the batch's first item);
+    * ``save_structure(structure)`` / ``load_structure(state)``: the structure as a dict of
+      tensors for checkpoints, and back (None when ``state`` holds none).
+
+    Example:
+        >>> import numpy as np
+        >>> import hardbatch as hb
+        >>> from hardbatch.samplers import Builder
+        >>> sampler = hb.KNNBatchSampler(np.eye(40, 8), 4, refresh_every=None)
+        >>> isinstance(sampler, Builder)
+        True
+    """
+
+    def build(self, x, key: int, group) -> Structure: ...
+
+    def draw(self, structure: Structure, index: int, seed: int,
+             start: int | None) -> np.ndarray: ...
+
+    def save_structure(self, structure: Structure) -> dict: ...
+
+    def load_structure(self, state: dict) -> Structure | None: ...
+
+
+def _check_rows(x, num_items: int, name: str = "embedding source") -> None:
     """``ValueError`` unless a re-read source still has one row per item."""
     if x.shape[0] != num_items:
         raise ValueError(f"the {name} now has {x.shape[0]} items, the sampler was built for "
@@ -33,32 +68,9 @@ def check_rows(x: np.ndarray, num_items: int, name: str = "embedding source") ->
                          "lifetime (construct a new sampler for a different set of items)")
 
 
-def resolve(structure):
+def _resolve(structure):
     """A built structure, waiting for it if it is still being built in the background."""
-    if isinstance(structure, concurrent.futures.Future):
-        return structure.result()
-    return structure
-
-
-def check_pipelining(background: bool, refresh_lag: int | None, meaning: str) -> tuple[bool, int]:
-    """(background, refresh_lag) checked: the lag defaults to 1 with ``background``, else 0."""
-    background = bool(background)
-    lag = check_int((1 if background else 0) if refresh_lag is None else refresh_lag,
-                    "refresh_lag", low=0)
-    if background and lag == 0:
-        raise ValueError(f"background=True needs refresh_lag >= 1 ({meaning}); "
-                         "pass refresh_lag=1")
-    return background, lag
-
-
-def resolve_distributed(distributed: bool | None, group, rank: int, world_size: int) -> bool:
-    """``distributed`` resolved: None means "torch.distributed is on and these are its ranks"."""
-    if distributed is None:
-        return hbdist.is_distributed(group) and (rank, world_size) == hbdist.get_rank_world(group)
-    if distributed and not hbdist.is_distributed(group):
-        raise ValueError("distributed=True needs torch.distributed initialised with more "
-                         "than one rank (torchrun); pass distributed=False otherwise")
-    return bool(distributed)
+    return structure.result() if isinstance(structure, concurrent.futures.Future) else structure
 
 
 class RefreshPolicy:
@@ -81,35 +93,42 @@ class RefreshPolicy:
     One such build waits for its use at a time (the "next" slot); ``lag`` 0 reads the source
     when the structure is needed.
 
-    Distributed build (``distributed``): ``build`` receives a process group and builds the
-    structure sharded across its ranks (:mod:`hardbatch.distributed`), equal to the
+    Distributed build (``distributed``): ``builder.build`` receives a process group and builds
+    the structure sharded across its ranks (:mod:`hardbatch.distributed`), equal to the
     single-process one. A background build uses a process group of its own (created here, a
     collective call), so its collectives never interleave with the training loop's.
 
     Args:
         source: the embedding source (an [N, d] array or tensor, an EmbeddingBank, a callable).
-        first: the construction-time read of a callable source (used by the first read), or None.
+        builder: the :class:`Builder` that builds, saves and loads the structure.
         num_items: N; every read must keep N rows.
-        prepare: ``prepare(x, copy)``: the build input from a read [N, d] array; ``copy``: a
-            snapshot, which must not change with the source while the build runs.
-        build: ``build(input, key, group)``: the structure (``group``: a process group when
-            distributed, else None).
-        save, load: a structure as a dict of tensors for checkpoints, and back (``load``
-            returns None when the dict holds none).
+        first: the construction-time read of a callable source (used by the first read), or None.
+        paired: a second source read with the first (GCBS's ``paired``): builds get ``(x, y)``.
+        normalize: L2-normalise the rows read (on the source's device; the result is a copy).
         every: steps between refreshes (None: once), or the steps of an epoch with ``per_epoch``.
-        lag, background: pipelining (checked by :func:`check_pipelining`).
+        lag, background: pipelining (steps between a snapshot and its use; a worker thread).
         distributed, process_group: the resolved ``distributed`` flag and its group.
-        threaded: builds that are not pipelined may run in the planner thread (``prefetch``).
+        threaded: builds that are not pipelined may run in the prefetch thread (``prefetch``).
+
+    Example:
+        >>> import numpy as np
+        >>> import hardbatch as hb
+        >>> sampler = hb.KNNBatchSampler(np.eye(40, 8), 4, refresh_every=3)
+        >>> policy = sampler.refresh_policy
+        >>> [policy.due(step) for step in range(7)], policy.refreshes
+        ([0, 0, 0, 3, 3, 3, 6], 0)
+        >>> _ = list(sampler)
+        >>> policy.refreshes, policy.key
+        (4, 9)
     """
 
-    def __init__(self, source: EmbeddingSource, first: np.ndarray | None, num_items: int, *,
-                 prepare: Callable[[np.ndarray, bool], object],
-                 build: Callable[[object, int, object], Structure],
-                 save: Callable[[Structure], dict], load: Callable[[dict], Structure | None],
-                 every: int | None, lag: int, background: bool, distributed: bool,
-                 process_group=None, per_epoch: bool = False, threaded: bool = False) -> None:
-        self.source, self._first, self.num_items = source, first, num_items
-        self.prepare, self.build, self.save, self.load = prepare, build, save, load
+    def __init__(self, source: EmbeddingSource, builder: Builder, num_items: int, *,
+                 first: torch.Tensor | None = None, paired: EmbeddingSource | None = None,
+                 normalize: bool = False, every: int | None, lag: int, background: bool,
+                 distributed: bool, process_group=None, per_epoch: bool = False,
+                 threaded: bool = False) -> None:
+        self.source, self.builder, self.num_items = source, builder, num_items
+        self._first, self.paired, self.normalize = first, paired, normalize
         self.every, self.lag, self.per_epoch = every, lag, per_epoch
         self.background, self.distributed = background, distributed
         self.process_group, self.threaded = process_group, threaded
@@ -128,14 +147,14 @@ class RefreshPolicy:
         self._init_sync()
 
     def _init_sync(self) -> None:
-        self._lock = threading.Lock()  # the next slot: the loop fills it, a planner may take it
+        self._lock = threading.Lock()  # the next slot: the loop fills it, a prefetch may take it
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_lock"] = state["_executor"] = None
         if state["_next"] is not None:  # a build still running in the background
-            state["_next"] = (state["_next"][0], resolve(state["_next"][1]))
+            state["_next"] = (state["_next"][0], _resolve(state["_next"][1]))
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -171,14 +190,23 @@ class RefreshPolicy:
 
     # -- building ------------------------------------------------------
     def read(self, copy: bool, step: int = 0):
-        """The build input from the source now (``copy``: a snapshot for a later build);
+        """The build input: the source's rows now, as a tensor on its device (normalised with
+        ``normalize``; ``copy``: a snapshot that later writes to the source leave alone);
         ``step``: the sampler's global step (for the warning about a bank not fed)."""
-        x = self._first if self._first is not None else read_embeddings(self.source)
+        x = self._first if self._first is not None else read_embeddings(self.source, finite=False)
         self._first = None
-        check_rows(x, self.num_items)
+        _check_rows(x, self.num_items)
         if isinstance(self.source, EmbeddingBank):
             self._check_bank(self.source, step)
-        return self.prepare(x, copy)
+        if self.normalize:
+            x = l2_normalize_rows(x)  # a new tensor, so also a snapshot
+        elif copy:
+            x = x.clone()
+        if self.paired is None:
+            return x
+        y = read_embeddings(self.paired, "paired", finite=False)
+        _check_rows(y, self.num_items, "paired source")
+        return x, (y.clone() if copy else y)
 
     def _check_bank(self, bank: EmbeddingBank, step: int) -> None:
         """Warn (once per refresh) when the bank is not fed (see unwritten_bank_warning)."""
@@ -190,7 +218,7 @@ class RefreshPolicy:
 
     def _build(self, x, key: int, group) -> Structure:
         t0 = time.perf_counter()
-        structure = self.build(x, key, group)
+        structure = self.builder.build(x, key, group)
         self.last_refresh_seconds = time.perf_counter() - t0
         return structure
 
@@ -201,7 +229,7 @@ class RefreshPolicy:
 
     def refresh(self, key: int) -> Structure:
         """Read the source and build the structure ``key`` now, in this thread, and use it."""
-        # With a planner thread (prefetch) builds may run there: use the build group.
+        # With a prefetch thread builds may run there: use the build group.
         group = (self.build_group if self.threaded else self.process_group) \
             if self.distributed else None
         step = key * self.every if self.per_epoch else key
@@ -226,7 +254,7 @@ class RefreshPolicy:
 
     def ready(self, global_step: int) -> bool:
         """Whether ``global_step`` can be planned now without reading the source: its structure
-        is in use or scheduled (a planner reads the source itself only when the loop waits)."""
+        is in use or scheduled (a prefetch thread reads the source only when the loop waits)."""
         due = self.due(global_step)
         nxt = self._next
         return self.key == due or (nxt is not None and nxt[0] == due)
@@ -242,7 +270,7 @@ class RefreshPolicy:
             if nxt is not None and (nxt[0] == key or self.per_epoch):
                 self._next = None
         if nxt is not None and nxt[0] == key:
-            return self._install(key, resolve(nxt[1]))
+            return self._install(key, _resolve(nxt[1]))
         return self.refresh(key)
 
     # -- checkpoints ---------------------------------------------------
@@ -253,62 +281,35 @@ class RefreshPolicy:
         epoch schedule: the structure's tensors, ``next_epoch`` and the next structure's
         tensors prefixed ``next_``.
         """
+        save = self.builder.save_structure
         state = {}
         if current and self.structure is not None:
-            state.update(self.save(self.structure))
+            state.update(save(self.structure))
             if not self.per_epoch:
                 state["built_step"] = self.key
         if self._next is not None:  # built from a snapshot that a resume cannot retake
-            key, structure = self._next[0], resolve(self._next[1])
+            key, structure = self._next[0], _resolve(self._next[1])
             self._next = (key, structure)
             if self.per_epoch:
                 state["next_epoch"] = key
-                state.update({"next_" + k: v for k, v in self.save(structure).items()})
+                state.update({"next_" + k: v for k, v in save(structure).items()})
             else:
-                state.update(next=self.save(structure), next_step=key)
+                state.update(next=save(structure), next_step=key)
         return state
 
     def load_state_dict(self, state: dict, epoch: int) -> None:
         """Restore :meth:`state_dict` (``epoch``: the key of a saved per-epoch structure)."""
+        load = self.builder.load_structure
         self.structure, self.key, self._next = None, -1, None
-        structure = self.load(state)
+        structure = load(state)
         if structure is not None:
             self.structure = structure
             self.key = epoch if self.per_epoch else int(state["built_step"])
         if self.per_epoch and "next_epoch" in state:
-            nxt = self.load({k[5:]: v for k, v in state.items()
-                             if k.startswith("next_") and k != "next_epoch"})
+            nxt = load({k[5:]: v for k, v in state.items()
+                        if k.startswith("next_") and k != "next_epoch"})
             self._next = (int(state["next_epoch"]), nxt)
         elif "next" in state:
-            self._next = (int(state["next_step"]), self.load(state["next"]))
+            self._next = (int(state["next_step"]), load(state["next"]))
         if self.structure is not None or self._next is not None:
             self._first = None  # the source is read afresh from now on
-
-
-def _forwarded(name: str, doc: str) -> property:
-    """A read-only sampler attribute that is the refresh policy's ``name``."""
-    return property(lambda self: getattr(self.refresh_policy, name), doc=doc)
-
-
-class RefreshingSampler(PlanSampler):
-    """A plan sampler whose batches come from a structure that a :class:`RefreshPolicy`
-    (``refresh_policy``, set by the subclass) rebuilds from its embedding source."""
-
-    refresh_policy: RefreshPolicy
-
-    def _on_step(self, global_step: int) -> None:
-        # The snapshot of a pipelined refresh is taken here, in the training loop's thread,
-        # when batch ``global_step`` is requested, also when a planner thread runs ahead.
-        self.refresh_policy.before_step(global_step)
-
-    def _plannable(self, global_step: int) -> bool:
-        return self.refresh_policy.ready(global_step)
-
-    source = _forwarded("source", "The embedding source.")
-    refresh_lag = _forwarded("lag", "Steps between a snapshot and the use of its structure.")
-    background = _forwarded("background", "Whether pipelined builds run in a worker thread.")
-    distributed = _forwarded("distributed", "Whether builds are sharded across ranks.")
-    process_group = _forwarded("process_group", "The torch.distributed group of the builds.")
-    refreshes = _forwarded("refreshes", "Structures built or taken into use so far.")
-    last_refresh_seconds = _forwarded(
-        "last_refresh_seconds", "Time of the last build (not counting the read of the source).")

@@ -25,6 +25,12 @@ class UniformBatchSampler(PlanSampler):
             batch: a clashing item swaps places with an item of the nearest batch of the
             permutation that lacks its key (deterministic, so still a function of seed and
             epoch). No key shared: the same batches as without keys.
+
+    Example:
+        >>> import hardbatch as hb
+        >>> batches = list(hb.UniformBatchSampler(40, 16))
+        >>> [len(b) for b in batches], sorted(i for b in batches for i in b) == list(range(40))
+        ([16, 16, 8], True)
     """
 
     def __init__(self, n_or_dataset, batch_size: int, *, drop_last: bool = False, seed: int = 0,

@@ -28,7 +28,7 @@ What one step does (``Trainer.train_step``):
    compared) also the batch's hardness, mean similarity and near-duplicate rate in it.
 
 Data may be a tensor, a dataset of inputs, or a dataset of ``(index, view1, view2)`` items
-(:class:`hardbatch.data.IndexedDataset`; :mod:`~hardbatch.train.batches`). Under
+(:class:`hardbatch.data.IndexedDataset`; :mod:`~hardbatch.train.step_batch`). Under
 torch.distributed a one-item batch on any rank makes every rank skip that step.
 
 Evaluation (every ``eval_every`` steps and at the end) embeds the items with ``encoder`` alone
@@ -46,7 +46,7 @@ Modules: :mod:`~hardbatch.train.config` (:class:`TrainConfig`, :class:`TrainResu
 :mod:`~hardbatch.train.trainer` (:class:`Trainer`, :func:`train`),
 :mod:`~hardbatch.train.evaluation` (kNN and linear-probe accuracy of frozen features),
 :mod:`~hardbatch.train.checkpoint` (what a checkpoint holds, seeding),
-:mod:`~hardbatch.train.batches` (loading, the DDP skip, the per-step batch figures).
+:mod:`~hardbatch.train.step_batch` (loading, the DDP skip, the per-step batch figures).
 """
 
 from .checkpoint import seed_everything

@@ -23,7 +23,18 @@ CHECKPOINT_VERSION = 1
 
 
 def seed_everything(seed: int) -> None:
-    """Seed python's ``random``, numpy's global generator and torch."""
+    """Seed python's ``random``, numpy's global generator and torch.
+
+    Example:
+        >>> import random
+        >>> import torch
+        >>> from hardbatch.train import seed_everything
+        >>> seed_everything(0)
+        >>> first = (random.random(), torch.rand(2).tolist())
+        >>> seed_everything(0)
+        >>> first == (random.random(), torch.rand(2).tolist())
+        True
+    """
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)

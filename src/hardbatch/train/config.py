@@ -57,6 +57,16 @@ class TrainConfig:
             with a per-item guide); :class:`Trainer`'s ``guide=`` also takes an array, a
             tensor or a guide model applied to the two views.
         guide_margin: the margin of that rule, in [0, 2]; a per-item guide needs it > 0.
+
+    Example:
+        >>> from hardbatch.train import TrainConfig
+        >>> config = TrainConfig(epochs=5, lr=3e-4, checkpoint_path="run.pt")
+        >>> config.epochs, config.seed, config.amp
+        (5, 0, None)
+        >>> TrainConfig(amp="fp8")
+        Traceback (most recent call last):
+            ...
+        ValueError: amp='fp8' must be None, 'bf16' or 'fp16'
     """
 
     epochs: int = 10
@@ -126,6 +136,16 @@ class TrainResult:
             rebuilds, is part of step time); ``sampler_share`` is their ratio.
         last_epoch_batches: the batches (item ids) of the last epoch trained.
         stopped_early: training stopped at ``max_steps`` before the last epoch ended.
+
+    Example:
+        >>> from hardbatch.train import TrainResult
+        >>> result = TrainResult(history=[{"loss": 2.0}, {"loss": 1.0}], steps=2, epochs=1,
+        ...                      evals=[{"step": 2, "knn_accuracy": 0.5}],
+        ...                      sampler_seconds=0.5, step_seconds=2.0)
+        >>> result.mean("loss"), result.mean("loss", last=1), result.sampler_share
+        (1.5, 1.0, 0.25)
+        >>> result.final
+        {'step': 2, 'knn_accuracy': 0.5}
     """
 
     history: list[dict]

@@ -16,7 +16,16 @@ __all__ = ["embed", "evaluate", "knn_accuracy", "linear_probe_accuracy"]
 @torch.no_grad()
 def embed(module: nn.Module, x: torch.Tensor, batch_size: int = 1024,
           device: str | torch.device = "cpu") -> torch.Tensor:
-    """``module(x)`` in eval mode and chunks, as a float32 CPU tensor (training mode restored)."""
+    """``module(x)`` in eval mode and chunks, as a float32 CPU tensor (training mode restored).
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.train import embed
+        >>> encoder = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Dropout(0.5))
+        >>> features = embed(encoder, torch.randn(40, 8), batch_size=16)  # eval mode: no dropout
+        >>> features.shape, features.dtype, encoder.training
+        (torch.Size([40, 4]), torch.float32, True)
+    """
     was_training = module.training
     module.eval()
     try:
@@ -35,6 +44,15 @@ def knn_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor,
 
     Cosine similarities of each test feature to the training features; the ``k`` nearest vote
     for their class with weight ``exp(s / temperature)``.
+
+    Example:
+        >>> from hardbatch.train import knn_accuracy
+        >>> import torch
+        >>> y = torch.arange(40) % 4
+        >>> train_x = 3 * torch.eye(8)[y] + 0.1 * torch.randn(40, 8)  # 4 well separated classes
+        >>> test_x = 3 * torch.eye(8)[y] + 0.1 * torch.randn(40, 8)
+        >>> knn_accuracy(train_x, y, test_x, y, k=5)
+        1.0
     """
     train = nn.functional.normalize(train_features.float(), dim=1)
     test = nn.functional.normalize(test_features.float(), dim=1)
@@ -58,6 +76,15 @@ def linear_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tens
     """Accuracy of multinomial logistic regression on frozen features (full-batch L-BFGS).
 
     Features are standardised with the training mean / std; deterministic (zero init).
+
+    Example:
+        >>> import torch
+        >>> y = torch.arange(40) % 4
+        >>> train_x = 3 * torch.eye(8)[y] + 0.1 * torch.randn(40, 8)  # 4 well separated classes
+        >>> test_x = 3 * torch.eye(8)[y] + 0.1 * torch.randn(40, 8)
+        >>> from hardbatch.train import linear_probe_accuracy
+        >>> linear_probe_accuracy(train_x, y, test_x, y, max_iter=50)
+        1.0
     """
     mean = train_features.float().mean(0)
     std = train_features.float().std(0).clamp_min(1e-6)
@@ -90,7 +117,16 @@ def evaluate(encoder: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
              batch_size: int = 1024, device: str | torch.device = "cpu",
              probe: bool = True) -> dict:
     """kNN and linear-probe accuracy of ``encoder``'s frozen features (train -> test);
-    ``probe=False``: kNN accuracy only."""
+    ``probe=False``: kNN accuracy only.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.train import evaluate
+        >>> centers, y = 3 * torch.eye(8)[:4], torch.arange(40) % 4  # 4 classes in d = 8
+        >>> features = centers[y] + 0.1 * torch.randn(40, 8)
+        >>> evaluate(torch.nn.Identity(), features[:20], y[:20], features[20:], y[20:], k=5)
+        {'knn_accuracy': 1.0, 'linear_probe_accuracy': 1.0}
+    """
     f_train = embed(encoder, train_x, batch_size, device)
     f_test = embed(encoder, test_x, batch_size, device)
     out = {"knn_accuracy": knn_accuracy(f_train, train_y, f_test, test_y, k, temperature)}

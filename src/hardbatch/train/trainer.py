@@ -17,7 +17,7 @@ from torch import nn
 from ..data import looks_indexed
 from ..embeddings import EmbeddingBank
 from ..metrics import load_reference
-from .batches import batch_diagnostics, first_inputs, loader_batches, skip_on_every_rank
+from .step_batch import batch_diagnostics, first_inputs, loader_batches, skip_on_every_rank
 from .checkpoint import (
     load_trainer_state,
     read_checkpoint,
@@ -50,7 +50,7 @@ class Trainer:
         data: ``[N, ...]`` tensor of inputs, or a map-style ``Dataset`` whose items are
             inputs (or tuples whose first entry is the input), or whose items carry their
             index and views, ``(index, view1, view2)`` (a :class:`hardbatch.IndexedDataset`:
-            its views are used instead of ``augment``; see :mod:`hardbatch.train.batches`).
+            its views are used instead of ``augment``; see :mod:`hardbatch.train.step_batch`).
         labels: optional ``[N]`` int labels: false-negative rate and evaluation only.
         head: optional projection head applied after ``encoder`` for the loss.
         augment: ``augment(x, generator) -> view``, called twice per batch on the batch tensor
@@ -76,6 +76,25 @@ class Trainer:
             share the item's row, so j is masked for anchor i when ``cos(g_i, g_j) > 1 -
             guide_margin`` (``guide_margin`` must then be > 0). The loss must accept
             ``false_negatives=`` (every hardbatch loss does).
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> _ = torch.manual_seed(0)
+        >>> x, y = torch.randn(40, 8), torch.arange(40) % 4  # N = 40 items, d = 8, 4 classes
+        >>> from hardbatch.train import Trainer
+        >>> trainer = Trainer(torch.nn.Linear(8, 4), hb.InfoNCE(0.5),
+        ...                   lambda bank: hb.KNNBatchSampler(bank, 8), x, y,
+        ...                   augment=lambda v, g: v + 0.1 * torch.randn(v.shape, generator=g),
+        ...                   epochs=2, knn_k=5, progress=False)
+        >>> result = trainer.fit()
+        >>> result.steps, result.epochs, len(result.last_epoch_batches)
+        (10, 2, 5)
+        >>> sorted(result.history[0])
+        ['epoch', 'false_negative_rate', 'hardness', 'kind', 'loss', 'refreshes',
+         'sampler_seconds', 'step', 'step_seconds']
+        >>> sorted(result.final)
+        ['epoch', 'kind', 'knn_accuracy', 'linear_probe_accuracy', 'seconds', 'step']
     """
 
     def __init__(self, encoder: nn.Module, loss: nn.Module, sampler, data, labels=None, *,
@@ -269,7 +288,7 @@ class Trainer:
         move the weights through its momentum); it is logged with loss 0 (MultipleNegatives-
         RankingLoss's value for one pair) and ``"skipped": True``. Under torch.distributed
         every rank skips when any rank's batch has one item
-        (:func:`~hardbatch.train.batches.skip_on_every_rank`).
+        (:func:`~hardbatch.train.step_batch.skip_on_every_rank`).
         """
         if not self._warned_skip:
             who = "a batch of 1 item has" if len(idx) < 2 else "another rank's batch of 1 item has"
@@ -445,5 +464,15 @@ def train(encoder: nn.Module, loss: nn.Module, sampler, data, labels=None,
 
     Keyword arguments are :class:`Trainer`'s (``head``, ``augment``, ``optimizer``,
     ``eval_data``, ``bank``) or :class:`TrainConfig` fields.
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> from hardbatch.train import train
+        >>> x = torch.randn(40, 8)  # N = 40 items, d = 8, no labels
+        >>> result = train(torch.nn.Linear(8, 4), hb.InfoNCE(0.5), hb.UniformBatchSampler(40, 8),
+        ...                x, epochs=1, progress=False)
+        >>> result.steps, result.evals  # no labels: no evaluation
+        (5, [])
     """
     return Trainer(encoder, loss, sampler, data, labels, config=config, **kwargs).fit()

@@ -73,6 +73,7 @@ def _bad(**over):
         (info_nce, _bad(temperature=float("nan")), "temperature"),
         (info_nce, _bad(form="moco"), "form"),
         (info_nce, _bad(reduction="avg"), "reduction"),
+        (info_nce, _bad(gather="yes"), "gather must be True or False"),
         (info_nce, _bad(anchor=torch.full((4, 3), float("nan"))), "NaN or inf"),
         (info_nce, _bad(positive=torch.full((4, 3), float("inf"))), "NaN or inf"),
         (info_nce, _bad(negatives=torch.full((2, 3), float("nan"))), "NaN or inf"),

@@ -17,7 +17,7 @@ from loss_reference import pair
 
 import hardbatch as hb
 import hardbatch.distributed as hbdist
-from hardbatch.losses import batch as loss_batch
+from hardbatch.losses import inputs as loss_inputs
 
 WORKER = Path(__file__).with_name("gather_worker.py")
 
@@ -41,7 +41,7 @@ def test_torchrun_gathered_losses(world):
 @pytest.mark.parametrize("fn", [hb.info_nce, hb.sscl_loss])
 @pytest.mark.parametrize("form", ["simclr", "simcse"])
 def test_without_process_group_gather_is_a_no_op_that_warns_once(monkeypatch, fn, form):
-    monkeypatch.setattr(loss_batch, "_warned_no_group", False)
+    monkeypatch.setattr(loss_inputs, "_warned_no_group", False)
     a, p = pair(b=6, seed=4)
     mask = torch.zeros(6, 6, dtype=torch.bool)
     mask[0, 3] = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 
 import numpy as np
 import pytest
@@ -130,3 +131,51 @@ def test_assigning_an_option():
     with pytest.raises(ValueError, match="tau_plus"):
         DebiasedInfoNCE().tau_plus = 1.0
     assert loss.temperature == 0.25  # a rejected value leaves the options as they were
+
+
+def _calls_during(fn) -> list[str]:
+    """The names of the Python functions ``fn()`` calls (``sys.setprofile``)."""
+    names = []
+    sys.setprofile(lambda frame, event, arg: names.append(frame.f_code.co_name)
+                   if event == "call" else None)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+@pytest.mark.parametrize("cls, fn, options", MODULES)
+def test_options_are_checked_once(cls, fn, options):
+    """A module checks its options when made, never in a call; a function once per call."""
+    a, p = pair(b=6, seed=3)
+    kw = {"hardest": 3, "synthetic": 2} if cls is SSCLLoss else {}
+    module = cls(**kw)
+    in_call = _calls_during(lambda: module(a, p))
+    assert "__post_init__" not in in_call and "check_temperature" not in in_call, in_call
+    assert not {"check_choice", "check_tau_plus", "check_beta", "check_synthetic"} & set(in_call)
+    in_fn = _calls_during(lambda: fn(a, p, **kw))
+    assert in_fn.count("check_temperature") == 1 and in_fn.count("__post_init__") >= 1
+    assert torch.equal(module(a, p), fn(a, p, **kw)) or cls is SSCLLoss  # SSCL draws anew
+
+
+def test_signatures_and_docs_come_from_the_declarations():
+    """One declaration per option: the module constructors take the declared options (their
+    positional ones first), the docstrings list each option's declared doc."""
+    params = list(inspect.signature(SSCLLoss).parameters)
+    assert params[:6] == ["temperature", "tau_plus", "beta", "hardest", "synthetic", "mix"]
+    assert inspect.signature(InfoNCE).parameters["form"].default == "simclr"
+    for f in dataclasses.fields(SSCLOptions):
+        for obj in (sscl_loss, SSCLLoss):
+            assert f"    {f.name}: {f.metadata['doc'][:40]}" in obj.__doc__
+    with pytest.raises(TypeError, match="info_nce\\(\\) got an unexpected keyword argument 'beta'"):
+        info_nce(*pair(b=4), beta=1.0)
+    with pytest.raises(TypeError, match="InfoNCE\\(\\): too many positional arguments"):
+        InfoNCE(0.5, "simclr", True)
+
+
+def test_tau_plus_none_is_no_debiasing():
+    a, p = pair(b=6, seed=8)
+    assert InfoNCEOptions().tau_plus is None and DCLOptions().beta == 0.0
+    assert torch.equal(DebiasedInfoNCE(tau_plus=None)(a, p), info_nce(a, p))
+    assert torch.equal(debiased_info_nce(a, p, tau_plus=None), info_nce(a, p))

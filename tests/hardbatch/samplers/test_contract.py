@@ -213,11 +213,11 @@ def test_damaged_pending_plan_rejected(emb):
         make_ranked("uniform", emb, 1, 2).load_state_dict(state)
 
 
-# -- the planner thread (prefetch) gives the same batches ------------------------------------
+# -- the prefetch thread gives the same batches -----------------------------------------------
 
 @pytest.mark.parametrize("kind", PREFETCH_KINDS)
 def test_prefetch_gives_the_same_batches(kind, emb):
     plain = make(kind, emb, seed=6)
     planned = make(kind, emb, seed=6, prefetch=3)
     assert [list(planned), list(planned)] == [list(plain), list(plain)]
-    assert planned.planner.run.thread is None  # the thread ends with the epoch
+    assert planned.prefetcher.run.thread is None  # the thread ends with the epoch

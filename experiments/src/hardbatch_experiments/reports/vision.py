@@ -1,16 +1,12 @@
-"""Build docs/results/vision.md (and figures) from the SimCLR run JSONs of `hardbatch bench simclr`.
+"""The tables and figures of docs/results/vision.md (SimCLR) from the run JSONs.
 
-    python scripts/report_vision.py [--results results/vision] [--out PAGE | --in-place]
-    python -m hardbatch_experiments.reports.vision ...   (the same)
+    python scripts/report_vision.py [--results results/vision] [--in-place | --out PAGE]
 
-The page goes to ``--out`` (default ``out/reports/vision.md``); ``--in-place`` rewrites the
-tracked ``docs/results/vision.md`` (as ``scripts/vision_grid.sh`` does).
-
-Everything in the report comes from the JSON files (one per finished run); runs with the default
-configuration (no ``tag``) enter the tables, tagged runs (overrides such as ``--epochs 1``) are
-listed separately. Rows without a finished run are shown as missing. Loss names are read through
-``hardbatch.registry.canonical_loss``: runs written as ``debiased`` / ``hard_negative`` and as
-``dcl`` / ``hcl`` are one row.
+``results/vision/sweep/``: the batch-size sweep of issue 21 (``scripts/vision_sweep.sh``; with
+``reference/`` and ``timing/``); the *main* budget is the largest ``config.images``, the
+equal-steps view holds B = 64 runs at a quarter of it; a run with ``config.guide`` is the
+guided arm. ``results/vision/*.json``: the earlier B = 256 record (issue 7). Loss names are
+read through ``hardbatch.registry.canonical_loss`` (``debiased`` and ``dcl`` are one row).
 """
 
 from __future__ import annotations
@@ -22,308 +18,363 @@ from pathlib import Path
 
 from hardbatch.registry import canonical_loss
 
-from . import vision_sweep
-from .vision_plan import wall_seconds
-from .paired import effect_text, paired_effect
-from .common import (Progress, finite, fmt_mean_std, generated_line, link, n_seeds, page_path,
-                     pyplot, read_json, report_parser, save_figure, write_page)
+from .page import md, mean, ms, pyplot, read_runs, report_main, save
+from .paired import effect_text, paired_effect, pooled_effect
 
-SAMPLER_NAME = {"uniform": "uniform", "knn": "kNN sampler", "proximity": "proximity graph (RWR)",
-                "gcbs": "GCBS"}
-LOSS_NAME = {"infonce": "InfoNCE", "dcl": "DebiasedInfoNCE", "hcl": "HardNegativeInfoNCE",
-             "sscl": "SSCLLoss"}
+BATCHES = (32, 64, 128, 256)
+ARMS = (("uniform", "infonce"), ("proximity", "infonce"), ("uniform", "sscl"),
+        ("proximity", "sscl"))
+GUIDED = ("proximity+guided", "infonce")
+NAME = {ARMS[0]: "uniform + InfoNCE", ARMS[1]: "proximity + InfoNCE", ARMS[2]: "uniform + SSCL",
+        ARMS[3]: "proximity + SSCL", GUIDED: "proximity + InfoNCE + guided mask"}
+#: (arm, baseline): the paired comparisons at one batch size
+COMPARISONS = ((ARMS[1], ARMS[0]), (ARMS[2], ARMS[0]), (ARMS[3], ARMS[0]), (ARMS[3], ARMS[2]))
+SEEDS = (0, 1, 2)  # every cell; seeds 3 and 4 too for the primary comparison's two arms
+
+
+def planned(arm: tuple) -> int:
+    return 5 if arm in ARMS[:2] else len(SEEDS)
+
+
+SAMPLER = {"uniform": "uniform", "knn": "kNN sampler", "proximity": "proximity graph (RWR)",
+           "gcbs": "GCBS"}
+LOSS = {"infonce": "InfoNCE", "dcl": "DebiasedInfoNCE", "hcl": "HardNegativeInfoNCE",
+        "sscl": "SSCLLoss"}
 MAIN_ROWS = [("uniform", "infonce"), ("proximity", "infonce"), ("uniform", "sscl"),
              ("knn", "infonce"), ("gcbs", "infonce")]
 OTHER_ROWS = [("proximity", "sscl"), ("uniform", "dcl"), ("uniform", "hcl"),
               ("proximity", "dcl"), ("proximity", "hcl")]
-PLANNED_SEEDS = 3
-
-PAPERS = """## The papers' numbers (context, not comparable settings)
-
-| paper | setting | baseline | with the method |
-|---|---|---:|---:|
-| BatchSampler (Yang et al., KDD 2023), Table 8 (App. B.1) | SimCLR, CIFAR-10, ResNet-50, 1000 epochs, linear eval | 92.13 (SimCLR) | 92.54 (+ BatchSampler) |
-| GCBS (Sachidananda et al.), Table 4 | SimCLR, CIFAR-10, kNN accuracy | 87.5 (uniform) | 89.8 (GCBS) |
-| SSCL (Dong et al.), Table 3 | CIFAR-10, ResNet-18, 200 epochs, linear eval | 82.35 (SimCLR) | 86.20 (SSCL) |
-
-Ours are short CPU runs of a compact ConvNet (setup below): the absolute accuracies are far
-below these, and only the differences between rows at equal steps are of interest.
-"""
-
-SETUP = """## Setup (what the numbers are)
-
-- Command per run: `hardbatch bench simclr --dataset cifar10 --sampler S --loss L --seed-list K
-  --out results/vision` (the same as `python -m hardbatch_experiments.recipes.simclr ...`); the grid:
-  `nohup scripts/vision_grid.sh > results/vision/grid.log 2>&1 &` (resumable: finished JSONs are
-  skipped, a killed run resumes from its per-epoch checkpoint). The exact command, machine, torch
-  version and wall time of every run are in its JSON and in the per-run table below.
-- Training (`hardbatch.train.Trainer`): SimCLR, two views per image made by batched tensor
-  augmentations on the batch's device (per dataset, from the runs' `config.augment`: see
-  "Augmentations and data per dataset" below); one forward pass over both views; projection head Linear-BN-ReLU-Linear to 128 d;
-  temperature 0.5, batch 256, Adam lr 1e-3 (weight decay 1e-6), one torch thread.
-- Default CPU setting: the compact `ConvNet` (4 stages conv3x3-BN-ReLU 32/64/128/256, max pools,
-  global average pool, 256-d features), a fixed class-balanced subset of each dataset's training
-  images (the same for every run; sizes below), 10 epochs = 400 steps for every row. `--train-size 0 --epochs
-  14` (2,744 steps over all 50,000 images) is the "about one hour per run" setting; with CUDA the
-  recipe picks ResNet-18 (CIFAR stem), bf16 autocast and channels_last.
-- Samplers read an `EmbeddingBank` of the anchor view's projections from the training forward
-  pass, filled once from the untrained network before training (`--bank-init encode`). kNN
-  sampler and proximity graph (M 500, K 100, RWR alpha 0.2 -> 0.05 over training) rebuild every
-  t = 100 steps; GCBS re-orders every epoch with quantile 1 - 2B/(N-1).
-- Losses: InfoNCE (SimCLR / NT-Xent form), DebiasedInfoNCE (tau+ 0.1), HardNegativeInfoNCE
-  (tau+ 0.1, beta 1), SSCLLoss (beta 1.0, tau+ 0.1, s 32 hardest, k 8 synthetic).
-- Evaluation on the frozen 256-d encoder features (before the head): weighted kNN (k 200, t 0.1)
-  every 2 epochs (and before training, step 0), train features = the training subset,
-  queries = the dataset's test images (sizes below); linear probe (logistic regression, L-BFGS,
-  standardised features) at the end.
-- Diagnostics (labels are used for these only): false-negative rate = share of same-class pairs
-  in a batch (uniform: about 0.1 for 10 balanced classes), hardness = mean top-1 in-batch cosine
-  of the anchor projections, per step; ref. hardness = the same in one fixed reference
-  embedding shared by every row of a seed (the untrained network's projections of the training
-  images; `—`: not measured, runs written before it was recorded), so rows compare in one
-  coordinate system; coverage = share of training images drawn in the last
-  epoch; sampler share = time handing over batches (walks, graph rebuilds, GCBS orders) over
-  step time (which includes the augmentations); images/s = training images (2 views each) per
-  second of step time.
-- Effects (Δ columns): paired by seed against uniform + InfoNCE. Seed k of every row builds its
-  network after `seed_everything(k)` (the same initialisation) and trains and evaluates on the
-  same fixed training subset and test images, so d_k = row_k - baseline_k is the unit; a Δ is
-  the mean of d_k over the seeds both rows finished with its 95% t-interval,
-  `+x.xx [lo, hi] (n = k, paired)`, then the sign count wins/losses/ties. "Beyond noise": the
-  interval excludes 0 (needs 2 pairs). Rows that share no seed with the baseline state no
-  effect ("no paired seeds").
-- Wall time per run: `wall_time_s`; for a run resumed from its checkpoint (`resumed` in the JSON)
-  the sum of its training and evaluation time over all sessions instead, since `wall_time_s`
-  covers only the last session.
-- The GPU path (device, channels_last, bf16/fp16 autocast, augmentations on the GPU) is written
-  and tested on the CPU only (`device="cpu"`); it has not been benchmarked: no GPU was
-  available for this work. On a GPU machine, `hardbatch bench simclr --dataset cifar10
-  --sampler all --train-size 0 --max-steps 300 --tag gpu-speed --out results/vision` gives
-  images/s and the sampler share of step time per sampler (ResNet-18, bf16, channels_last
-  picked automatically); they land in the "runs with overrides" table below.
-  `python benchmarks/bench_simclr.py --device cuda [--background]` times the same loop without
-  evaluation (images/s, sampler share, slowest sampler call, peak GPU memory; see
-  docs/benchmarks.md). Evaluation embeddings are computed in float32 (no autocast).
-"""
 
 
-def load(results: Path, progress: Progress | None = None) -> list[dict]:
-    """The finished runs under ``results``, their loss names canonical (``debiased`` -> ``dcl``,
-    ``hard_negative`` -> ``hcl``) and their file name under ``_file``."""
-    runs = []
-    for f, rec in read_json(results, progress):
-        if isinstance(rec, dict) and "knn_accuracy" in rec and "sampler" in rec:
-            rec["loss"] = canonical_loss(rec["loss"])
-            rec["_file"] = f.name
-            runs.append(rec)
-        elif progress is not None:
-            progress.skipped += 1
+def wall_seconds(r: dict) -> float:
+    """Seconds a run took; a resumed run's ``wall_time_s`` covers only its last session."""
+    if r.get("resumed") and r.get("train_time_s") is not None:
+        return r["train_time_s"] + r.get("eval_time_s", 0.0)
+    return r["wall_time_s"]
+
+
+def values(cell: dict, key: str = "knn_accuracy") -> dict:
+    return {s: r[key] for s, r in cell.items() if r.get(key) is not None}
+
+
+def cell_text(e, signs: bool = True, scale: float = 100, digits: int = 2) -> str:
+    """A paired effect in a sweep table: bold when beyond noise, then the sign count."""
+    if e is None:
+        return "—"
+    text = f"**{e.format(digits, scale)}**" if e.beyond_noise else e.format(digits, scale)
+    return text + (f" ({e.signs()})" if signs and e.n >= 2 else "")
+
+
+def acc_cell(cell: dict, n: int, key: str = "knn_accuracy") -> str:
+    v = list(values(cell, key).values())
+    return f"{ms(v, 2, 100)} ({len(v)}/{n})" if v else "—"
+
+
+def sweep_runs(folder: Path) -> list[dict]:
+    return read_runs(folder, lambda r: r.get("knn_accuracy") is not None
+                     and (r.get("config") or {}).get("images"))
+
+
+class Sweep:
+    """``main[(B, sampler, loss)][seed]`` at the main budget, ``equal[(sampler, loss)][seed]``
+    (B = 64 at a quarter of it), ``runs``, ``timing``, ``reference``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.runs, self.timing = sweep_runs(folder), sweep_runs(folder / "timing")
+        self.reference = sweep_runs(folder / "reference")
+        budget = max(r["config"]["images"] for r in self.runs)
+        self.main, self.equal = defaultdict(dict), defaultdict(dict)
+        for r in self.runs:
+            c = r["config"]
+            arm = (r["sampler"] + ("+guided" if c.get("guide") else ""), r["loss"])
+            if c["images"] == budget:
+                self.main[(c["batch_size"], *arm)][r["seed"]] = r
+            elif c["batch_size"] == 64 and c["images"] * 4 == budget and not c.get("guide"):
+                self.equal[arm][r["seed"]] = r
+
+    def effect(self, b: int, arm: tuple, base: tuple, key: str = "knn_accuracy"):
+        return paired_effect(values(self.main.get((b, *arm), {}), key),
+                             values(self.main.get((b, *base), {}), key))
+
+
+def accuracy_table(s: Sweep, key: str) -> str:
+    rows = []
+    for b in BATCHES:
+        cells = [s.main.get((b, *arm), {}) for arm in ARMS]
+        runs = [r for c in cells for r in c.values()]
+        rows.append([b, "/".join(map(str, sorted({r["steps"] for r in runs}))),
+                     "/".join(f"{x:.2g}" for x in sorted({r["config"]["lr"] for r in runs})),
+                     *(acc_cell(c, planned(arm), key) for c, arm in zip(cells, ARMS))])
+    return md(["B", "steps", "lr", *(NAME[a] for a in ARMS)], rows)
+
+
+def effects_table(s: Sweep, key: str) -> str:
+    """Rows B, columns the COMPARISONS; then the mean over B and the change from B = 32 to 256."""
+    rows = [[b, *(cell_text(s.effect(b, a, base, key)) for a, base in COMPARISONS)]
+            for b in BATCHES]
+    pooled, change = ["mean over B (t-interval over the B values)"], [
+        "effect at B = 32 − effect at B = 256 (paired by seed)"]
+    for a, base in COMPARISONS:
+        pooled.append(cell_text(pooled_effect({b: s.effect(b, a, base, key) for b in BATCHES})))
+        diff = []
+        for b in (32, 256):
+            x, y = values(s.main.get((b, *a), {}), key), values(s.main.get((b, *base), {}), key)
+            diff.append({k: x[k] - y[k] for k in sorted(set(x) & set(y))})
+        change.append(cell_text(paired_effect(*diff)))
+    return md(["B", *(f"{NAME[a]} − {NAME[b]}" for a, b in COMPARISONS)], rows + [pooled, change])
+
+
+def equal_steps_table(s: Sweep) -> str:
+    big, base64 = s.main.get((256, *ARMS[0]), {}), values(s.equal.get(ARMS[0], {}))
+    rows = []
+    for arm in ARMS:
+        cell = s.equal.get(arm, {})
+        rows.append([NAME[arm], "/".join(map(str, sorted({r["steps"] for r in cell.values()}))),
+                     acc_cell(cell, 3), cell_text(paired_effect(values(cell), values(big))),
+                     "(baseline)" if arm == ARMS[0] else
+                     cell_text(paired_effect(values(cell), base64))])
+    rows.append(["(uniform + InfoNCE at B = 256)",
+                 "/".join(map(str, sorted({r["steps"] for r in big.values()}))),
+                 acc_cell(big, 3), "(baseline)", ""])
+    return md(["arm at B = 64", "steps", "kNN acc (B = 64)", "− uniform + InfoNCE at B = 256",
+               "− uniform + InfoNCE at B = 64 (same steps)"], rows)
+
+
+def ref(r: dict, key: str = "mean_hardness"):
+    return (r.get("reference_diagnostics") or {}).get(key)
+
+
+def guided_table(s: Sweep) -> str:
+    rows = []
+    for b in (32, 64):
+        cell = s.main.get((b, *GUIDED), {})
+        rows.append([b, acc_cell(cell, 3), *(cell_text(s.effect(b, GUIDED, base))
+                                             for base in (ARMS[1], ARMS[0])),
+                     mean([ref(r) for r in cell.values()]),
+                     mean([r.get("mean_false_negative_rate") for r in cell.values()])])
+    return md(["B", "kNN acc (guided)", "− proximity + InfoNCE", "− uniform + InfoNCE",
+               "ref. hardness", "false-neg rate"], rows)
+
+
+def margin_table(folder: Path) -> str:
+    rows = []
+    for m in json.loads((folder / "guide_margin.json").read_text())["margins"]:
+        b = m["proximity_batches"]
+        rows.append([m["margin"], f"{b['dropped_share']:.4f}",
+                     *("—" if b[k] is None else f"{b[k]:.3f}" for k in ("precision", "recall"))])
+    return md(["margin", "dropped share of in-batch pairs", "precision", "recall"], rows)
+
+
+def diagnostics_table(s: Sweep) -> str:
+    rows = []
+    for b in BATCHES:
+        for arm in ARMS:
+            cell = s.main.get((b, *arm), {})
+            base = s.main.get((b, "uniform", arm[1]), {})
+            delta = "(uniform)" if arm[0] == "uniform" else cell_text(paired_effect(
+                {k: ref(r) for k, r in cell.items() if ref(r) is not None},
+                {k: ref(r) for k, r in base.items() if ref(r) is not None}), False, 1, 3)
+            rs = list(cell.values())
+            rows.append([b, NAME[arm], len(rs), mean([ref(r) for r in rs]), delta,
+                         mean([ref(r, "mean_near_duplicate_rate") for r in rs], "{:.4f}"),
+                         mean([r.get("mean_false_negative_rate") for r in rs]),
+                         mean([r.get("mean_hardness") for r in rs])])
+    return md(["B", "arm", "seeds", "ref. hardness", "paired Δ ref. hardness vs uniform, same "
+               "loss", "ref. near-dup rate", "false-neg rate", "own-embedding hardness"], rows)
+
+
+def pairing_table(s: Sweep) -> str:
+    by_seed = defaultdict(list)
+    for r in s.runs:
+        by_seed[r["seed"]].append(r)
+    rows = []
+    for seed, rs in sorted(by_seed.items()):
+        aug = defaultdict(set)
+        for r in rs:
+            aug[(r["config"]["batch_size"], r["config"]["images"])].add(
+                r["pairing"].get("augment_generator_end"))
+        p = [r["pairing"] for r in rs]
+        rows.append([seed, len(rs), f"{len({x['initial_weights'] for x in p})} distinct",
+                     f"{len({(x['train_ids'], x['test_ids']) for x in p})} distinct",
+                     ", ".join(f"B {b} ({i} img): {len(v)}" for (b, i), v in sorted(aug.items()))])
+    return md(["seed", "runs", "initial weights", "train / test ids",
+               "augmentation streams per B (1 = same in every arm)"], rows)
+
+
+def timing_table(s: Sweep, images: int = 81920) -> str:
+    """Shortened timing runs and their CPU time projected to a full run (``images`` training
+    images, 3 evaluations): their CPU / wall ratio splits the wall times into CPU time."""
+    rows = []
+    for r in sorted(s.timing, key=lambda r: (r["config"]["batch_size"], r["sampler"])):
+        share, per_eval = r["cpu_time_s"] / r["wall_time_s"], r["eval_time_s"] / len(r["evals"])
+        cpu = share * (r["train_time_s"] * images / r["images_seen"] + per_eval * 3)
+        rows.append([r["config"]["batch_size"], NAME[(r["sampler"], r["loss"])], r["steps"],
+                     f"{1000 * r['train_time_s'] / r['images_seen']:.1f}", f"{per_eval:.0f}",
+                     f"{share:.2f}", f"{cpu / 60:.1f}"])
+    return md(["B", "arm", "steps", "wall s / 1k train images", "wall s / evaluation",
+               "CPU / wall", "projected CPU min per full run"], rows)
+
+
+def sweep_times(s: Sweep) -> str:
+    groups = defaultdict(list)
+    for cell in list(s.main.values()) + list(s.equal.values()):
+        for r in cell.values():
+            groups[(r["config"]["batch_size"], r["config"]["images"])].append(r)
+    return md(["B", "images", "runs", "wall / run", "CPU / run"], [
+        [b, i, len(rs), f"{statistics.fmean(wall_seconds(r) for r in rs) / 60:.1f} min",
+         mean([r.get("cpu_time_s", float("nan")) / 60 for r in rs], "{:.1f} min")]
+        for (b, i), rs in sorted(groups.items())])
+
+
+def machine(r: dict) -> str:
+    e = r.get("env", {})
+    return (f"{e.get('host', '?')} ({e.get('cpus', '?')} CPUs, torch {e.get('torch', '?')}"
+            f"{', ' + e['cuda'] if e.get('cuda') else ''})")
+
+
+def wall(r: dict) -> str:
+    return f"{wall_seconds(r) / 60:.1f} min{' (resumed)' if r.get('resumed') else ''}"
+
+
+def sweep_run_table(s: Sweep) -> str:
+    rows = [[r["_file"], r["config"]["batch_size"], r["config"]["images"], r["steps"],
+             f"{r['config']['lr']:.3g}", r["seed"], f"{100 * r['knn_accuracy']:.2f}",
+             f"{100 * r['linear_probe_accuracy']:.2f}", wall(r), machine(r),
+             r.get("env", {}).get("finished", "?"), f"`{r.get('command', '')}`"]
+            for r in sorted(s.runs + s.reference, key=lambda r: r["_file"])]
+    return md(["file", "B", "images", "steps", "lr", "seed", "kNN", "linear", "wall", "machine",
+               "finished", "command"], rows)
+
+
+# --- the earlier B = 256 record (issue 7) --------------------------------------------------
+
+def record_runs(results: Path) -> list[dict]:
+    runs = read_runs(results, lambda r: "knn_accuracy" in r and "sampler" in r
+                     and not r.get("tag"))
+    for r in runs:
+        r["loss"] = canonical_loss(r["loss"])
     return runs
 
 
-def missing_runs(runs: list[dict]) -> int:
-    """Planned runs (the table rows x PLANNED_SEEDS per dataset) without a finished JSON."""
-    untagged = [r for r in runs if not r.get("tag")]
-    datasets = sorted({r["dataset"] for r in untagged}) or ["cifar10"]
-    return sum(max(0, PLANNED_SEEDS - len({r["seed"] for r in untagged if r["dataset"] == ds
-                                           and (r["sampler"], r["loss"]) == row}))
-               for ds in datasets for row in MAIN_ROWS + OTHER_ROWS)
-
-
-def mean_cell(values, fmt: str = "{:.3f}") -> str:
-    """The mean of the finite ``values`` formatted by ``fmt``; ``—`` for none."""
-    values = finite(values)
-    return fmt.format(statistics.fmean(values)) if values else "—"
-
-
-def data_setup(runs: list[dict]) -> list[str]:
-    """Per dataset: training / test sizes and the augmentation parameters, from the runs' config."""
-    out = ["### Augmentations and data per dataset (from the runs' `config`)", ""]
-    for ds in sorted({r["dataset"] for r in runs}):
-        cfgs = {json.dumps({k: r["config"].get(k) for k in ("augment", "train_size", "test_size")},
-                           sort_keys=True) for r in runs if r["dataset"] == ds}
-        for c in sorted(cfgs):
-            c = json.loads(c)
-            a = c.get("augment") or {}
-            out.append(
-                f"- {ds}: {c.get('train_size')} training images (class-balanced subset), "
-                f"{c.get('test_size')} test images; random resized crop scale "
-                f"{a.get('scale')}, aspect {[round(x, 3) for x in a.get('ratio', [])]}, rotation "
-                f"{a.get('rotation')} deg, shear {a.get('shear')} deg, flip {a.get('flip')}, "
-                f"colour jitter {a.get('jitter')} (brightness / contrast / saturation / hue) "
-                f"with p {a.get('jitter_p')}, grayscale {a.get('grayscale')}, padding "
-                f"`{a.get('padding_mode')}`.")
-    return out + [""]
-
-
-def delta_cell(arm: dict, base: dict) -> str:
-    """The paired difference ``arm - base`` by seed (both ``{seed: fraction}``), in points, with
-    its 95% interval and sign count (:func:`.paired.effect_text`); ``—`` for a row without runs,
-    "no paired seeds" when the row shares no seed with the baseline."""
-    return effect_text(paired_effect(arm, base), 2, 100) if arm else "—"
-
-
-def reference_hardness(r: dict) -> float | None:
-    """A run's mean batch hardness in the shared reference embedding (None: not measured, runs
-    written before ``reference_diagnostics`` existed)."""
-    return (r.get("reference_diagnostics") or {}).get("mean_hardness")
-
-
-def by_row(runs: list[dict]) -> dict[tuple[str, str], list[dict]]:
-    """The runs grouped by (sampler, loss)."""
+def record_table(runs: list[dict], rows: list[tuple]) -> str:
+    """One row per (sampler, loss): accuracies, Δ vs uniform + InfoNCE paired by seed, batch
+    diagnostics, speed."""
     by = defaultdict(list)
     for r in runs:
         by[(r["sampler"], r["loss"])].append(r)
-    return by
-
-
-def table(runs: list[dict], rows: list[tuple[str, str]]) -> list[str]:
-    """One table row per (sampler, loss) in ``rows``; Δ: the paired difference by seed against
-    uniform + InfoNCE (:func:`delta_cell`)."""
-    by = by_row(runs)
-    base_runs = by[("uniform", "infonce")]
-    out = ["| sampler | loss | seeds | kNN acc | Δ kNN vs uniform/InfoNCE (paired) | linear acc | "
-           "Δ linear (paired) | false-neg rate | last-epoch FN rate | hardness | ref. hardness | "
-           "coverage | images/s | sampler / step | wall / run |",
-           "|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    base_knn = {r["seed"]: r["knn_accuracy"] for r in base_runs}
-    base_lin = {r["seed"]: r["linear_probe_accuracy"] for r in base_runs}
+    base = by[("uniform", "infonce")]
+    out = []
     for s, loss in rows:
         rs = sorted(by[(s, loss)], key=lambda r: r["seed"])
-        knn = {r["seed"]: r["knn_accuracy"] for r in rs}
-        lin = {r["seed"]: r["linear_probe_accuracy"] for r in rs}
-        is_base = (s, loss) == ("uniform", "infonce")
-        out.append(
-            f"| {SAMPLER_NAME[s]} | {LOSS_NAME[loss]} | {len(rs)}/{PLANNED_SEEDS} | "
-            f"{fmt_mean_std(knn.values(), scale=100)} | "
-            f"{'(baseline)' if is_base else delta_cell(knn, base_knn)} | "
-            f"{fmt_mean_std(lin.values(), scale=100)} | "
-            f"{'(baseline)' if is_base else delta_cell(lin, base_lin)} | "
-            f"{mean_cell([r['mean_false_negative_rate'] for r in rs])} | "
-            f"{mean_cell([r['last_epoch_false_negative_rate'] for r in rs])} | "
-            f"{mean_cell([r['mean_hardness'] for r in rs])} | "
-            f"{mean_cell([reference_hardness(r) for r in rs])} | "
-            f"{mean_cell([r['last_epoch_coverage'] for r in rs])} | "
-            f"{mean_cell([r['images_per_second'] for r in rs], '{:.0f}')} | "
-            f"{mean_cell([100 * r['sampler_share'] for r in rs], '{:.1f}%')} | "
-            f"{mean_cell([wall_seconds(r) / 60 for r in rs], '{:.1f} min')} |")
+        row = [SAMPLER[s], LOSS[loss], f"{len(rs)}/3"]
+        for key in ("knn_accuracy", "linear_probe_accuracy"):
+            arm = {r["seed"]: r[key] for r in rs}
+            row += [ms(arm.values(), 2, 100), "(baseline)" if (s, loss) == ("uniform", "infonce")
+                    else effect_text(paired_effect(arm, {r["seed"]: r[key] for r in base}), 2, 100)
+                    if arm else "—"]
+        row += [mean([r[k] for r in rs]) for k in ("mean_false_negative_rate",
+                                                   "last_epoch_false_negative_rate",
+                                                   "mean_hardness")]
+        row += [mean([ref(r) for r in rs]), mean([r["last_epoch_coverage"] for r in rs]),
+                mean([r["images_per_second"] for r in rs], "{:.0f}"),
+                mean([100 * r["sampler_share"] for r in rs], "{:.1f}%"),
+                mean([wall_seconds(r) / 60 for r in rs], "{:.1f} min")]
+        out.append(row)
+    return md(["sampler", "loss", "seeds", "kNN acc", "Δ kNN vs uniform/InfoNCE (paired)",
+               "linear acc", "Δ linear (paired)", "false-neg rate", "last-epoch FN rate",
+               "hardness", "ref. hardness", "coverage", "images/s", "sampler / step",
+               "wall / run"], out)
+
+
+def record_run_table(runs: list[dict]) -> str:
+    return md(["file", "seed", "steps", "kNN acc", "linear acc", "FN rate", "images/s", "wall",
+               "machine", "finished", "command"], [
+        [r["_file"], r["seed"], r["steps"], f"{100 * r['knn_accuracy']:.2f}",
+         f"{100 * r['linear_probe_accuracy']:.2f}", f"{r['mean_false_negative_rate']:.3f}",
+         f"{r['images_per_second']:.0f}", wall(r), machine(r),
+         r.get("env", {}).get("finished", "?"), f"`{r.get('command', '')}`"]
+        for r in sorted(runs, key=lambda r: r["_file"])])
+
+
+def tables(results: Path) -> dict[str, str]:
+    """Every table of the page, by its block key."""
+    s, runs = Sweep(results / "sweep"), record_runs(results)
+    out = {"sweep-knn": accuracy_table(s, "knn_accuracy"),
+           "sweep-knn-effects": effects_table(s, "knn_accuracy"),
+           "sweep-linear": accuracy_table(s, "linear_probe_accuracy"),
+           "sweep-linear-effects": effects_table(s, "linear_probe_accuracy"),
+           "equal-steps": equal_steps_table(s), "guided": guided_table(s),
+           "margin": margin_table(results / "sweep"), "sweep-diagnostics": diagnostics_table(s),
+           "pairing": pairing_table(s), "timing": timing_table(s), "sweep-times": sweep_times(s),
+           "sweep-runs": sweep_run_table(s), "record-runs": record_run_table(runs)}
+    for ds in sorted({r["dataset"] for r in runs}):
+        rs = [r for r in runs if r["dataset"] == ds]
+        out[f"record-{ds}"] = record_table(rs, MAIN_ROWS)
+        out[f"record-{ds}-other"] = record_table(rs, OTHER_ROWS)
     return out
 
 
-def per_run(runs: list[dict]) -> list[str]:
-    """One row per run: file, seed, steps, accuracies, speed, wall time, machine, command."""
-    out = ["| file | seed | steps | kNN acc | linear acc | FN rate | images/s | wall | machine | "
-           "finished | command |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
-    for r in sorted(runs, key=lambda r: r["_file"]):
-        env = r.get("env", {})
-        machine = (f"{env.get('host', '?')} ({env.get('cpus', '?')} CPUs, torch "
-                   f"{env.get('torch', '?')}{', ' + env['cuda'] if env.get('cuda') else ''})")
-        resumed = " (resumed)" if r.get("resumed") else ""
-        out.append(f"| {r['_file']} | {r['seed']} | {r['steps']} | {100 * r['knn_accuracy']:.2f} | "
-                   f"{100 * r['linear_probe_accuracy']:.2f} | "
-                   f"{r['mean_false_negative_rate']:.3f} | {r['images_per_second']:.0f} | "
-                   f"{wall_seconds(r) / 60:.1f} min{resumed} | {machine} | "
-                   f"{env.get('finished', '?')} | `{r.get('command', '')}` |")
-    return out
+def figures(results: Path, fig_dir: Path) -> int:
+    """The sweep (kNN accuracy and paired effects vs B) and, per dataset of the earlier record,
+    kNN accuracy over training per row and the false-negative rate per sampler (InfoNCE)."""
+    import numpy as np
 
-
-def figure(runs: list[dict], path: Path, dataset: str) -> bool:
-    """kNN accuracy over training per row and the false-negative rate per sampler (InfoNCE);
-    False when nothing is drawn (no run, or no matplotlib / numpy)."""
-    try:
-        plt = pyplot()
-        import numpy as np
-    except ImportError:
-        return False
-    if not runs:
-        return False
+    plt, s = pyplot(), Sweep(results / "sweep")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for (s, loss), rs in sorted(by_row(runs).items()):
-        steps = sorted({e["step"] for r in rs for e in r["evals"]})
-        means = []
-        for st in steps:
-            vals = [e["knn_accuracy"] for r in rs for e in r["evals"] if e["step"] == st]
-            means.append(100 * statistics.fmean(vals))
-        ax1.plot(steps, means, marker="o",
-                 label=f"{SAMPLER_NAME[s]} / {LOSS_NAME[loss]} ({n_seeds(len(rs))})")
-    ax1.set_xlabel("training step")
-    ax1.set_ylabel("kNN accuracy (%), mean over seeds")
-    ax1.set_title(f"SimCLR {dataset}: kNN accuracy over training")
-    ax1.legend(fontsize=7)
-    by_sampler = defaultdict(list)
-    for r in runs:
-        if r["loss"] == "infonce":
-            by_sampler[r["sampler"]].append(np.asarray(r["trace"]["false_negative_rate"], float))
-    for s, traces in sorted(by_sampler.items()):
-        n = min(len(t) for t in traces)
-        mean = np.nanmean(np.stack([t[:n] for t in traces]), 0)
-        w = 10
-        smooth = np.convolve(mean, np.ones(w) / w, mode="valid") if n >= w else mean
-        ax2.plot(np.arange(len(smooth)) + (w if n >= w else 1), smooth, label=SAMPLER_NAME[s])
-    ax2.set_xlabel("training step")
-    ax2.set_ylabel("false-negative rate (moving mean of 10 steps)")
-    ax2.set_title("false negatives per batch (InfoNCE runs; BatchSampler Fig. 4)")
-    ax2.legend(fontsize=8)
-    save_figure(fig, path)
-    return True
-
-
-def demote(lines: list[str]) -> list[str]:
-    """The earlier record's headings one level down (``#`` -> ``##``), below the sweep."""
-    return ["#" + ln if ln.startswith("#") else ln for ln in lines]
+    for k, arm in enumerate(ARMS):
+        pts = [(b * (1 + 0.03 * (k - 1.5)), [100 * v for v in values(s.main[(b, *arm)]).values()])
+               for b in BATCHES if s.main.get((b, *arm))]
+        for x, ys in pts:
+            ax1.scatter([x] * len(ys), ys, s=8, alpha=0.4, color=f"C{k}")
+        ax1.plot([x for x, _ in pts], [statistics.fmean(ys) for _, ys in pts], marker="o",
+                 color=f"C{k}", label=NAME[arm])
+    for i, (arm, base) in enumerate(COMPARISONS):
+        es = [(b * (1 + 0.04 * (i - 1.5)), e) for b in BATCHES if (e := s.effect(b, arm, base))]
+        ax2.errorbar([x for x, _ in es], [100 * e.mean for _, e in es], yerr=[
+            [100 * (e.mean - e.lo) if e.n >= 2 else 0.0 for _, e in es],
+            [100 * (e.hi - e.mean) if e.n >= 2 else 0.0 for _, e in es]], marker="s", capsize=3,
+            color=f"C{4 + i}", label=f"{NAME[arm]} − {NAME[base]}")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(BATCHES, [str(b) for b in BATCHES])
+        ax.set_xlabel("batch size B (same images seen; lr = 1e-3 sqrt(B/256))")
+    ax2.axhline(0, color="grey", lw=0.8)
+    ax1.set(ylabel="kNN accuracy (%)", title="SimCLR CIFAR-10: kNN accuracy vs batch size")
+    ax2.set(ylabel="paired Δ kNN accuracy (points), 95% CI",
+            title="effect vs batch size (paired by seed)")
+    ax1.legend(fontsize=8)
+    ax2.legend(fontsize=7)
+    n = save(fig, fig_dir / "vision_batch_sweep.png")
+    runs = record_runs(results)
+    for ds in sorted({r["dataset"] for r in runs}):
+        rs = [r for r in runs if r["dataset"] == ds]
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+        by = defaultdict(list)
+        for r in rs:
+            by[(r["sampler"], r["loss"])].append(r)
+        for (smp, loss), row in sorted(by.items()):
+            steps = sorted({e["step"] for r in row for e in r["evals"]})
+            ax1.plot(steps, [100 * statistics.fmean(e["knn_accuracy"] for r in row
+                                                    for e in r["evals"] if e["step"] == st)
+                             for st in steps], marker="o",
+                     label=f"{SAMPLER[smp]} / {LOSS[loss]} ({len(row)} seed"
+                           f"{'s' if len(row) != 1 else ''})")
+        for smp in sorted({r["sampler"] for r in rs if r["loss"] == "infonce"}):
+            tr = [r["trace"]["false_negative_rate"] for r in rs
+                  if r["sampler"] == smp and r["loss"] == "infonce"]
+            m = np.nanmean(np.array([t[:min(map(len, tr))] for t in tr], float), 0)
+            w = 10 if len(m) >= 10 else 1
+            ax2.plot(np.arange(len(m) - w + 1) + w, np.convolve(m, np.ones(w) / w, "valid"),
+                     label=SAMPLER[smp])
+        ax1.set(xlabel="training step", ylabel="kNN accuracy (%), mean over seeds",
+                title=f"SimCLR {ds}: kNN accuracy over training")
+        ax2.set(xlabel="training step", ylabel="false-negative rate (moving mean of 10 steps)",
+                title="false negatives per batch (InfoNCE runs; BatchSampler Fig. 4)")
+        ax1.legend(fontsize=7)
+        ax2.legend(fontsize=8)
+        n += save(fig, fig_dir / f"vision_{ds}.png")
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = report_parser("vision", __doc__)
-    ap.add_argument("--sweep", default=None,
-                    help="folder of the batch-size sweep's run JSONs (default RESULTS/sweep)")
-    args = ap.parse_args(argv)
-    results, out = Path(args.results), page_path(ap, args, "vision")
-    progress = Progress("vision")
-    progress.step(f"reading {results} ...")
-    runs = load(results, progress)
-    sweep_dir = Path(args.sweep) if args.sweep else results / "sweep"
-    progress.step(f"batch-size sweep: reading {sweep_dir} ...")
-    sweep_lines, sweep_runs, sweep_missing = vision_sweep.section(sweep_dir, out)
-    lines = ["# SimCLR on CIFAR-10: hard batches across batch sizes (issue 21) and the earlier "
-             "B = 256 record (issue 7)", "",
-             generated_line("vision", results, f" ({sweep_runs} sweep runs, {len(runs)} earlier "
-                                               "runs)"), ""]
-    lines += sweep_lines
-    earlier = ["# Earlier record (issue 7): samplers and losses at B = 256", "",
-               "The earlier, exploratory grid, kept as a record. Accuracies in %, mean ± std over "
-               "seeds; `k/3`: seeds finished of the 3 planned. `—`: no finished run yet. Δ: the "
-               "paired difference by seed against uniform + InfoNCE in points, "
-               "`+x.xx [lo, hi] (n = k, paired)`, signs wins/losses/ties; beyond noise = the 95% "
-               "interval excludes 0 (Setup below).", ""]
-    lines += earlier
-    datasets = sorted({r["dataset"] for r in runs}) or ["cifar10"]
-    untagged = [r for r in runs if not r.get("tag")]
-    tagged = [r for r in runs if r.get("tag")]
-    for ds in datasets:
-        rs = [r for r in untagged if r["dataset"] == ds]
-        steps = sorted({r["steps"] for r in rs})
-        lines += [f"## {ds}: main rows (same {', '.join(map(str, steps)) or '?'} steps per run)",
-                  ""] + table(rs, MAIN_ROWS) + ["", "### Other loss rows", ""]
-        lines += table(rs, OTHER_ROWS) + [""]
-        fig = out.parent / "figures" / f"vision_{ds}.png"
-        progress.step(f"{ds}: {len(rs)} runs, drawing {fig} ...")
-        if figure(rs, fig, ds):
-            lines += [f"![kNN accuracy over training and false-negative rate per sampler]"
-                      f"({link(fig, out)})", "",
-                      "Left: kNN accuracy (k 200, t 0.1) on the test set over training, per row "
-                      "(mean over finished seeds). Right: false-negative rate of the training "
-                      "batches per sampler (InfoNCE runs), moving mean of 10 steps.", ""]
-    lines += PAPERS.splitlines() + [""] + SETUP.splitlines() + [""] + data_setup(untagged)
-    lines += ["## Every finished run", ""] + per_run(untagged)
-    if tagged:
-        lines += ["", "## Runs with overrides (tagged; not in the tables)", ""] + per_run(tagged)
-    write_page(out, lines[:len(sweep_lines) + 4] + demote(lines[len(sweep_lines) + 4:]))
-    print(f"[report vision] batch-size sweep: {sweep_runs} runs, {sweep_missing} planned runs "
-          "missing")
-    print(progress.summary(out, len(runs), missing_runs(runs)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return report_main("vision", tables, figures, argv)

@@ -130,7 +130,7 @@ class CoverageProximitySampler(ProximityGraphSampler):
         """Upper bound of an epoch: the batches left in the budget (an epoch ends earlier)."""
         return max(1, self.budget - self.offset)
 
-    def _plan_step(self, step: int):
+    def _step_batches(self, step: int):
         return [self._generate(step, self.offset + step)]
 
     def restart_at(self, epoch: int, index: int) -> float:

@@ -1,10 +1,10 @@
 """Internal: the inputs of one loss call, checked, cast, normalised and (``gather=True``) gathered.
 
 Not public API (the losses are :mod:`hardbatch.losses`). :func:`prepare_batch` turns the
-arguments of a loss into a :class:`PairBatch`: this rank's anchors and positives, the candidates
-(the same tensors, or with ``gather=True`` every rank's, all-gathered with gradient), the extra
-negatives, and the item-level mask of what is not a negative (labels, ``false_negatives`` and
-each anchor's own item).
+inputs and options of a loss into a :class:`PairBatch`: this rank's anchors and positives, the
+candidates (the same tensors, or with ``gather=True`` every rank's, all-gathered with gradient),
+the extra negatives, and the item-level mask of what is not a negative (labels,
+``false_negatives`` and each anchor's own item).
 
 ``gather=True`` under an initialised process group of W > 1 ranks:
 
@@ -22,13 +22,11 @@ each anchor's own item).
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor
 
 from .._validation import (
@@ -36,6 +34,7 @@ from .._validation import (
     check_pair_count,
     check_pair_inputs,
 )
+from .._validation import l2_normalize_rows as normalize_rows  # the library's one normaliser
 from ..distributed import all_gather_ints, all_gather_rows, all_gather_rows_with_grad
 
 _warned_no_group = False
@@ -52,13 +51,9 @@ class PairBatch:
     all_positive: Tensor  # [B, d]
     bank: Tensor | None  # [m, d] extra negatives (every rank's with gather), None if none
     excluded: Tensor | None  # [b, B] bool: item j is not a negative of anchor i (own item True)
+    total: int  # B, the items of the (global) batch
     offset: int = 0  # global index of this rank's first item
     world: int = 1  # ranks gathered over (1: no gather)
-
-    @property
-    def total(self) -> int:
-        """``B``, the number of items of the (global) batch."""
-        return self.all_anchor.shape[0]
 
 
 class SaturatingCast(torch.autograd.Function):
@@ -86,40 +81,14 @@ def compute_dtype(*xs: Tensor) -> torch.dtype:
 
 
 def to_compute(x: Tensor, dtype: torch.dtype) -> Tensor:
-    """``x`` in ``dtype``; half inputs through :class:`SaturatingCast`."""
-    if x.dtype == dtype:
-        return x
+    """``x`` (not in ``dtype``) in ``dtype``; half inputs through :class:`SaturatingCast`."""
     if x.dtype in (torch.float16, torch.bfloat16):
         return SaturatingCast.apply(x, dtype)
     return x.to(dtype)
 
 
-def normalize_rows(x: Tensor) -> Tensor:
-    """``F.normalize(x, dim=1)``, scale-safe, with a zero gradient at an all-zero row.
-
-    On the CPU, when every row's norm is finite and non-zero, exactly ``F.normalize``'s
-    operations. Otherwise (and on other devices, to avoid a sync) every row whose largest entry
-    is >= 1 is first divided by the power of two that brings it into ``[0.5, 1)``: its squared
-    norm cannot overflow (float32 rows above ~1e19 became zero), and since the division is exact,
-    values and gradients equal ``F.normalize``'s bit for bit otherwise. An all-zero row is
-    multiplied by 0, so it stays zero with a zero gradient (``F.normalize`` gives it
-    ``1 / eps = 1e12``, ``inf`` once cast back to fp16). A row of norm below 1e-12 is divided by
-    1e-12, as by ``F.normalize``.
-    """
-    if x.device.type == "cpu" and x.shape[0]:
-        norm = x.norm(2, 1, keepdim=True)  # F.normalize's own steps, when nothing is special
-        low, high = torch.aminmax(norm.detach())
-        if float(low) > 0 and float(high) < math.inf:
-            return x / norm.clamp_min(1e-12).expand_as(x)
-    amax = x.detach().abs().amax(dim=1)
-    _, exponent = torch.frexp(amax)
-    scale = torch.ldexp(torch.ones_like(amax), -exponent.clamp(min=0))
-    scale = torch.where(amax > 0, scale, torch.zeros_like(scale))
-    return F.normalize(x * scale[:, None], dim=1)
-
-
 def _prepare(x: Tensor, dtype: torch.dtype, normalize: bool) -> Tensor:
-    x = to_compute(x, dtype)
+    x = x if x.dtype == dtype else to_compute(x, dtype)
     return normalize_rows(x) if normalize else x
 
 
@@ -142,16 +111,15 @@ def excluded_items(row_labels: Tensor | None, col_labels: Tensor | None,
     return excluded
 
 
-def prepare_batch(
-    anchor: Tensor, positive: Tensor, *, labels: Tensor | None, negatives: Tensor | None,
-    false_negatives: Tensor | None, normalize: bool, check_finite: bool, gather: bool,
-    group=None,
-) -> PairBatch:
-    """Check, cast (half -> float32), normalise and, with ``gather``, all-gather the inputs."""
-    if gather and _gather_world(group) > 1:
+def prepare_batch(options, anchor: Tensor, positive: Tensor, labels: Tensor | None,
+                  negatives: Tensor | None, false_negatives: Tensor | None) -> PairBatch:
+    """Check, cast (half -> float32), normalise (``options.normalize``) and, with
+    ``options.gather``, all-gather the inputs."""
+    normalize = options.normalize
+    if options.gather and _gather_world(options.group) > 1:
         return _gathered_batch(anchor, positive, labels, negatives, false_negatives, normalize,
-                               check_finite, group)
-    check_pair_inputs(anchor, positive, labels, negatives, check_finite)
+                               options.check_finite, options.group)
+    check_pair_inputs(anchor, positive, labels, negatives, options.check_finite)
     b = anchor.shape[0]
     if false_negatives is not None:
         check_false_negatives(false_negatives, b, b)
@@ -160,8 +128,10 @@ def prepare_batch(
     bank = None
     if negatives is not None and negatives.shape[0] > 0:
         bank = _prepare(negatives, dtype, normalize)
-    excluded = excluded_items(labels, labels, false_negatives, 0, za.device)
-    return PairBatch(za, zp, za, zp, bank, excluded)
+    excluded = None
+    if labels is not None or false_negatives is not None:
+        excluded = excluded_items(labels, labels, false_negatives, 0, za.device)
+    return PairBatch(za, zp, za, zp, bank, excluded, b)
 
 
 def _gather_world(group) -> int:
@@ -174,7 +144,7 @@ def _gather_world(group) -> int:
                 "gather=True: torch.distributed is not initialised, so there is nothing to gather; "
                 "the loss uses this process's batch only (launch with torchrun and call "
                 "torch.distributed.init_process_group to gather negatives across ranks; warned "
-                "once)", UserWarning, stacklevel=5)
+                "once)", UserWarning, stacklevel=6)  # the caller of the loss function
         return 1
     return dist.get_world_size(group)
 
@@ -273,4 +243,5 @@ def _gathered_batch(anchor, positive, labels, negatives, false_negatives, normal
         all_labels = all_gather_rows(labels.to(kind), group, counts)
         labels = labels.to(kind)
     excluded = excluded_items(labels, all_labels, false_negatives, offset, za.device)
-    return PairBatch(za, zp, both[:, :d], both[:, d:], bank, excluded, offset, world)
+    return PairBatch(za, zp, both[:, :d], both[:, d:], bank, excluded, both.shape[0], offset,
+                     world)

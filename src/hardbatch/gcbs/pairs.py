@@ -17,6 +17,10 @@ threshold of :func:`hardbatch.gcbs.similarity_threshold` (gcbs paper, eq. 5), cu
 ``min_partners=k`` (:func:`strongest_partners`): a row with fewer than k pairs above the
 threshold also keeps its k strongest pairs, found in the same similarity block (for
 ``"ivf"``: among the probed lists, an approximate kNN), so every item has an edge.
+
+The method names and what ``method="auto"`` stands for at N items (:func:`resolve_method`,
+:func:`resolve_build`) live here too: ``"partition"`` is the one method that is not a global
+pair search (:class:`hardbatch.gcbs.order.PartitionPlan`).
 """
 
 from __future__ import annotations
@@ -26,20 +30,102 @@ from typing import Literal
 import numpy as np
 import torch
 
-from . import _rng
-from ._device import Precision, block_elements, check_precision, matmul_fp32, resolve_device
-from ._logging import NO_BAR
-from ._validation import check_int
+from .. import _rng
+from .._device import Precision, block_elements, check_precision, matmul_fp32, resolve_device
+from .._logging import NO_BAR
+from .._validation import check_int
 
-__all__ = ["DEFAULT_MIN_PARTNERS", "PairSearchPlan", "check_min_partners", "check_search_args",
+__all__ = ["AUTO_CELL_ITEMS", "AUTO_EXACT_MAX_ITEMS", "AUTO_IVF_MAX_ITEMS",
+           "DEFAULT_MIN_PARTNERS", "METHODS", "PairSearchPlan", "check_min_partners",
+           "check_search_args", "partition_count", "resolve_build", "resolve_method",
            "spherical_kmeans", "strongest_partners", "thresholded_pairs"]
 
 # min_partners default: chosen on the exploration sets of docs/gcbs.md.
 DEFAULT_MIN_PARTNERS = 16
+METHODS = ("auto", "exact", "ivf", "faiss", "partition")
+# method="auto": measured on the 2-core CPU (bench_gcbs.py --auto-scan; docs/gcbs.md): ivf was
+# faster than exact from 5,000 items on and than partition up to 400,000; partition holds a
+# third of the memory at 1.28M (docs/benchmarks.md).
+AUTO_EXACT_MAX_ITEMS = 5_000
+AUTO_IVF_MAX_ITEMS = 1_000_000
+AUTO_CELL_ITEMS = 10_000  # method="auto" above AUTO_IVF_MAX_ITEMS: partition cells of ~10k
+
+
+def resolve_method(method: str, n: int) -> str:
+    """The pair search ``method="auto"`` stands for at N items (others returned unchanged).
+
+    ``"exact"`` up to ``AUTO_EXACT_MAX_ITEMS`` (5,000: under 0.4 s either way), ``"ivf"`` up
+    to ``AUTO_IVF_MAX_ITEMS`` (1M; the fastest from 5,000 to 400,000 items on the 2-core CPU
+    of docs/gcbs.md, with batches as hard as the exact ones), ``"partition"`` beyond (the
+    pairs are held one cell at a time).
+
+    Example:
+        >>> from hardbatch.gcbs import resolve_method
+        >>> [resolve_method("auto", n) for n in (1_000, 100_000, 2_000_000)]
+        ['exact', 'ivf', 'partition']
+        >>> resolve_method("faiss", 1_000)
+        'faiss'
+    """
+    if method not in METHODS:
+        raise ValueError(f"method={method!r} must be 'auto', 'exact', 'ivf', 'faiss' or "
+                         "'partition'")
+    if method != "auto":
+        return method
+    return "exact" if n <= AUTO_EXACT_MAX_ITEMS else (
+        "ivf" if n <= AUTO_IVF_MAX_ITEMS else "partition")
+
+
+def resolve_build(method: str, min_partners: int | None, partitions: int | None,
+                  n: int) -> tuple[str, int, int | None]:
+    """(method, min_partners, partitions) of a build of N items, defaults resolved and checked.
+
+    ``"auto"`` becomes a method (:func:`resolve_method`); its ``"partition"`` uses cells of
+    ``AUTO_CELL_ITEMS`` items unless ``partitions`` is given (checked for ``"partition"``
+    only). Meant to be shared with :func:`hardbatch.distributed.gcbs_permutation`.
+
+    Example:
+        >>> from hardbatch.gcbs import resolve_build
+        >>> resolve_build("auto", None, None, 2_000_000)  # partition cells of about 10,000 items
+        ('partition', 16, 200)
+        >>> resolve_build("exact", 0, None, 40)
+        ('exact', 0, None)
+    """
+    if method == "auto" and partitions is None:
+        partitions = -(-n // AUTO_CELL_ITEMS)
+    method = resolve_method(method, n)
+    if method == "partition":
+        partitions = partition_count(n, partitions)
+    return method, check_min_partners(min_partners, n), partitions
+
+
+def partition_count(n: int, partitions: int | None) -> int:
+    """Cells of ``method="partition"``: ``partitions`` checked, or ceil(N / 100,000).
+
+    Example:
+        >>> from hardbatch.gcbs import partition_count
+        >>> partition_count(2_000_000, None), partition_count(40, 4)
+        (20, 4)
+    """
+    return -(-n // 100_000) if partitions is None else check_int(
+        partitions, "partitions", low=1, high=n)
 
 
 def spherical_kmeans(y: torch.Tensor, k: int, seed: int, iters: int = 10) -> torch.Tensor:
-    """Spherical k-means centroids [k, d] (fp32) from a sample of at most 64k rows of ``y``."""
+    """Spherical k-means centroids [k, d] (fp32) from a sample of at most 64k rows of ``y``.
+
+    Example:
+        >>> from hardbatch.gcbs import spherical_kmeans
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> x = torch.eye(8)[torch.arange(40) % 4] + 0.05 * torch.randn(40, 8)  # 4 clusters of 10
+        >>> u = torch.nn.functional.normalize(x, dim=1).numpy()  # unit rows, float32
+        >>> centroids = spherical_kmeans(torch.from_numpy(u), 4, seed=0)
+        >>> centroids.shape, centroids.norm(dim=1).round(decimals=3).tolist()
+        (torch.Size([4, 8]), [1.0, 1.0, 1.0, 1.0])
+        >>> cell = (torch.from_numpy(u) @ centroids.T).argmax(1)
+        >>> len(set(zip(cell.tolist(), (torch.arange(40) % 4).tolist())))  # one cell per cluster
+        4
+    """
     n = y.shape[0]
     pick = torch.from_numpy(_rng.permutation(n, _rng.derive_seed(seed, 0x1BF))[:min(n, 64 * k)])
     sample = y[pick.to(y.device)].float()
@@ -57,14 +143,34 @@ _EMPTY = (np.empty(0, np.int64), np.empty(0, np.int64))
 
 
 def check_search_args(nlist, nprobe) -> tuple[int | None, int]:
-    """``nlist`` (None: the method's default) and ``nprobe`` of the inverted-file searches."""
+    """``nlist`` (None: the method's default) and ``nprobe`` of the inverted-file searches.
+
+    Example:
+        >>> from hardbatch.gcbs import check_search_args
+        >>> check_search_args(None, 8)
+        (None, 8)
+        >>> check_search_args(16, 0)
+        Traceback (most recent call last):
+            ...
+        ValueError: nprobe=0 ...
+    """
     if nlist is not None:
         nlist = check_int(nlist, "nlist", low=1)
     return nlist, check_int(nprobe, "nprobe", low=1)
 
 
 def check_min_partners(min_partners: int | None, n: int) -> int:
-    """``min_partners`` checked against N items; None: ``min(DEFAULT_MIN_PARTNERS, N - 1)``."""
+    """``min_partners`` checked against N items; None: ``min(DEFAULT_MIN_PARTNERS, N - 1)``.
+
+    Example:
+        >>> from hardbatch.gcbs import check_min_partners
+        >>> check_min_partners(None, 40), check_min_partners(None, 5), check_min_partners(0, 40)
+        (16, 4, 0)
+        >>> check_min_partners(40, 40)
+        Traceback (most recent call last):
+            ...
+        ValueError: min_partners=40 must lie in [0, N - 1] for N=40 items ...
+    """
     if min_partners is None:
         return min(DEFAULT_MIN_PARTNERS, max(0, n - 1))
     min_partners = check_int(min_partners, "min_partners")
@@ -84,6 +190,17 @@ def strongest_partners(sims: torch.Tensor, hit_rows: torch.Tensor, k: int,
     pair above the threshold. A row with at least k such pairs already holds its k
     strongest; the others take their top k of ``sims`` (the ones above the threshold are
     skipped: they are pairs already). Returns (row, column) positions within ``sims``.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.gcbs import strongest_partners
+        >>> inf = float("inf")
+        >>> sims = torch.tensor([[-inf, 0.9, 0.2, 0.1], [0.9, -inf, 0.3, 0.0],
+        ...                      [0.2, 0.3, -inf, 0.8], [0.1, 0.0, 0.8, -inf]])
+        >>> hit_rows, hit_cols = torch.nonzero(sims > 0.85, as_tuple=True)  # (0, 1) and (1, 0)
+        >>> rows, cols = strongest_partners(sims, hit_rows, k=2, threshold=0.85)
+        >>> list(zip(rows.tolist(), cols.tolist()))
+        [(0, 2), (1, 2), (2, 3), (2, 1), (3, 2), (3, 0)]
     """
     counts = torch.bincount(hit_rows, minlength=sims.shape[0])
     short = torch.nonzero(counts < k).squeeze(1)
@@ -111,6 +228,22 @@ class PairSearchPlan:
     ``"ivf"``). Used whole by :func:`thresholded_pairs` and in shards by
     :func:`hardbatch.distributed.gcbs_permutation`. ``block_bytes``: the largest similarity
     block so far (values and mask), for the build's memory log.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.gcbs import PairSearchPlan
+        >>> _ = torch.manual_seed(0)
+        >>> x = torch.eye(8)[torch.arange(40) % 4] + 0.05 * torch.randn(40, 8)  # 4 clusters of 10
+        >>> u = torch.nn.functional.normalize(x, dim=1).numpy()  # unit rows, float32
+        >>> plan = PairSearchPlan(u, u, 0.5, "ivf", nlist=4, nprobe=2, seed=0, device=None,
+        ...                       precision="fp32", min_partners=0)  # pairs above cosine 0.5
+        >>> plan.num_units  # inverted lists
+        4
+        >>> rows, cols = plan.pairs(0, plan.num_units)
+        >>> len(rows), bool((rows % 4 == cols % 4).all())  # all 4 * 10 * 9 pairs inside clusters
+        (360, True)
+        >>> len(plan.pairs(0, 2)[0]) + len(plan.pairs(2, 4)[0])  # the units shared by two ranks
+        360
     """
 
     def __init__(self, x: np.ndarray, y: np.ndarray, threshold: float, method: str, *,
@@ -270,6 +403,18 @@ def thresholded_pairs(x: np.ndarray, y: np.ndarray, threshold: float,
 
     With ``min_partners=k`` also each row i's k strongest pairs (largest ``x_i . y_j``).
     Memory: O(nnz) pairs plus one block of similarities on ``device``.
+
+    Example:
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> x = torch.eye(8)[torch.arange(40) % 4] + 0.05 * torch.randn(40, 8)  # 4 clusters of 10
+        >>> from hardbatch.gcbs import thresholded_pairs
+        >>> u = torch.nn.functional.normalize(x, dim=1).numpy()  # unit rows, float32
+        >>> rows, cols = thresholded_pairs(u, u, 0.5)
+        >>> len(rows), bool((rows % 4 == cols % 4).all())
+        (360, True)
+        >>> len(thresholded_pairs(u, u, 0.5, min_partners=12)[0])  # 9 inside + 3 across each
+        480
     """
     plan = PairSearchPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
                           device=device, precision=precision, min_partners=min_partners)

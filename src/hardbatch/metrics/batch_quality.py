@@ -120,6 +120,13 @@ def negative_similarities(embeddings: ArrayLike, batch: BatchLike) -> Tensor:
     Returns:
         float64 tensor ``[B * (B - 1) / 2]`` in ``[-1, 1]``, pairs in row-major upper-triangle
         order (empty when ``B = 1``).
+
+    Example:
+        >>> import torch
+        >>> x = torch.eye(8)[torch.arange(40) % 8]  # 40 items, d = 8: item i is a copy of i + 8
+        >>> from hardbatch.metrics import negative_similarities
+        >>> negative_similarities(x, [0, 8, 1])  # pairs (0, 8), (0, 1), (8, 1)
+        tensor([1., 0., 0.], dtype=torch.float64)
     """
     sims, _ = _pairwise(embeddings, batch)
     return _upper_pairs(sims)
@@ -137,6 +144,14 @@ def similarity_histogram(embeddings: ArrayLike, batch: BatchLike, bins: int = 50
     Returns:
         ``(counts, edges)``: int64 ``[bins]`` pair counts and float64 ``[bins + 1]`` bin edges.
         Histograms of several batches with the same ``bins``/``range`` add up.
+
+    Example:
+        >>> import torch
+        >>> x = torch.eye(8)[torch.arange(40) % 8]  # 40 items, d = 8: item i is a copy of i + 8
+        >>> from hardbatch.metrics import similarity_histogram
+        >>> counts, edges = similarity_histogram(x, [0, 8, 1, 2], bins=4)
+        >>> counts.tolist(), edges.tolist()
+        ([0, 0, 5, 1], [-1.0, -0.5, 0.0, 0.5, 1.0])
     """
     bins, lo, hi = _check_range(range, bins)
     return _histogram(negative_similarities(embeddings, batch), bins, lo, hi)
@@ -154,6 +169,15 @@ def batch_hardness(embeddings: ArrayLike, batch: BatchLike) -> float:
 
     Returns:
         a float in ``[-1, 1]``; NaN when ``B = 1`` (no negative).
+
+    Example:
+        >>> import torch
+        >>> x = torch.eye(8)[torch.arange(40) % 8]  # 40 items, d = 8: item i is a copy of i + 8
+        >>> from hardbatch.metrics import batch_hardness
+        >>> batch_hardness(x, [0, 1, 2, 3])  # no anchor has a similar negative
+        0.0
+        >>> batch_hardness(x, [0, 8, 1, 9])  # every anchor's copy is in the batch
+        1.0
     """
     sims, _ = _pairwise(embeddings, batch)
     return _hardness_of(sims)
@@ -173,6 +197,13 @@ def batch_false_negative_rate(labels: ArrayLike, batch: BatchLike) -> float:
 
     Returns:
         a float in ``[0, 1]``; NaN when ``B = 1``.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.metrics import batch_false_negative_rate
+        >>> labels = torch.arange(40) % 8
+        >>> round(batch_false_negative_rate(labels, [0, 8, 1, 2]), 3)  # 2 of 12 ordered pairs
+        0.167
     """
     lab = labels_array(labels)
     ids = as_batch(batch, lab.shape[0])
@@ -194,6 +225,13 @@ def batch_near_duplicate_rate(embeddings: ArrayLike, batch: BatchLike,
 
     Returns:
         a float in ``[0, 1]``; NaN when ``B = 1``.
+
+    Example:
+        >>> import torch
+        >>> x = torch.eye(8)[torch.arange(40) % 8]  # 40 items, d = 8: item i is a copy of i + 8
+        >>> from hardbatch.metrics import batch_near_duplicate_rate
+        >>> round(batch_near_duplicate_rate(x, [0, 8, 1, 2], near_duplicate=0.9), 3)  # 1 of 6
+        0.167
     """
     threshold = _check_threshold(near_duplicate)
     pairs = negative_similarities(embeddings, batch)
@@ -208,6 +246,11 @@ def batch_duplicate_rate(batch: BatchLike) -> float:
 
     Returns:
         a float in ``[0, 1)``; 0 for samplers that draw without replacement.
+
+    Example:
+        >>> from hardbatch.metrics import batch_duplicate_rate
+        >>> batch_duplicate_rate([3, 5, 3, 3]), batch_duplicate_rate([3, 5, 7, 9])
+        (0.5, 0.0)
     """
     return _duplicate_rate_of(as_batch(batch, None))
 
@@ -253,6 +296,18 @@ def batch_stats(embeddings: ArrayLike, batch: BatchLike, labels: ArrayLike | Non
         embedding) and ``"reference_hardness"``, ``"reference_mean_negative_similarity"``,
         ``"reference_near_duplicate_rate"`` when ``reference`` is given (see the single-metric
         functions; NaN entries when ``B = 1``).
+
+    Example:
+        >>> import torch
+        >>> x = torch.eye(8)[torch.arange(40) % 8]  # 40 items, d = 8: item i is a copy of i + 8
+        >>> from hardbatch.metrics import batch_stats
+        >>> stats = batch_stats(x, [0, 8, 1, 2], labels=torch.arange(40) % 8)
+        >>> {key: round(value, 3) for key, value in stats.items()}
+        {'batch_size': 4, 'hardness': 0.5, 'mean_negative_similarity': 0.167,
+         'duplicate_rate': 0.0, 'false_negative_rate': 0.167}
+        >>> stats = batch_stats(x, [0, 8, 1, 2], reference=torch.eye(8)[torch.arange(40) % 4])
+        >>> round(stats["reference_hardness"], 3)
+        0.5
     """
     table, n, _ = embedding_table(embeddings)
     ids = as_batch(batch, n)
@@ -284,6 +339,11 @@ def draw_counts(batches: Iterable[BatchLike], num_items: int) -> Tensor:
 
     Returns:
         int64 tensor ``[N]``.
+
+    Example:
+        >>> from hardbatch.metrics import draw_counts
+        >>> draw_counts([[0, 1], [1, 2]], num_items=4)
+        tensor([1, 2, 1, 0])
     """
     n = check_num_items(num_items)
     plan = as_batches(batches, n)
@@ -292,7 +352,13 @@ def draw_counts(batches: Iterable[BatchLike], num_items: int) -> Tensor:
 
 def coverage(batches: Iterable[BatchLike], num_items: int) -> float:
     """Share of the ``num_items`` items drawn at least once in ``batches`` (1.0 for a full epoch
-    of a sampler that partitions the data)."""
+    of a sampler that partitions the data).
+
+    Example:
+        >>> from hardbatch.metrics import coverage
+        >>> coverage([[0, 1], [1, 2]], num_items=4)
+        0.75
+    """
     counts = draw_counts(batches, num_items)
     return float((counts > 0).double().mean())
 
@@ -327,6 +393,16 @@ def plan_stats(embeddings: ArrayLike, batches: Iterable[BatchLike],
         of the N items drawn at least once. With ``reference``: also ``"reference_hardness"``,
         ``"reference_mean_negative_similarity"``, ``"reference_near_duplicate_rate"`` and
         ``"reference_histogram"``.
+
+    Example:
+        >>> import torch
+        >>> x = torch.eye(8)[torch.arange(40) % 8]  # 40 items, d = 8: item i is a copy of i + 8
+        >>> from hardbatch.metrics import plan_stats
+        >>> stats = plan_stats(x, [[0, 8, 1, 2], [3, 4, 5, 6]], labels=torch.arange(40) % 8, bins=4)
+        >>> stats["batches"], stats["items_drawn"], stats["coverage"], stats["hardness"]
+        (2, 8, 0.2, 0.25)
+        >>> stats["histogram"][0].tolist()  # 12 pairs: one copy pair, 11 orthogonal ones
+        [0, 0, 11, 1]
     """
     table, n, _ = embedding_table(embeddings)
     plan = as_batches(batches, n)

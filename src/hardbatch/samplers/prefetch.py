@@ -1,17 +1,17 @@
-"""The optional planner thread (``prefetch`` > 0): whole plan steps generated ahead of the loop.
+"""The optional prefetch thread (``prefetch`` > 0): whole plan steps generated ahead of the loop.
 
-A :class:`Planner` belongs to one sampler; each iteration of the sampler starts its own
-:class:`PlanRun` (a thread and a queue of planned steps), so an abandoned iterator (a
+A :class:`PrefetchThread` belongs to one sampler; each iteration of the sampler starts its own
+``run`` (a thread and a queue of planned steps), so an abandoned iterator (a
 ``DataLoader`` iterator replaced by a new one) stops only its own run, never the next one's.
 
-Protocol between the training loop's thread and the planner thread:
+Protocol between the training loop's thread and the prefetch thread:
 
-* ``lock`` is held while the planner generates a step; :meth:`PlanSampler.state_dict
+* ``lock`` is held while the thread generates a step; :meth:`PlanSampler.state_dict
   <hardbatch.samplers.PlanSampler.state_dict>` takes it, so it sees the plan between steps.
 * a condition variable guards the queue and the loop's progress: the loop marks the step it
-  is about to hand out (:meth:`Planner.advance`) and takes planned steps
-  (:meth:`Planner.take`); the planner waits while its queue holds ``depth`` steps, or while
-  the sampler says a step may not be planned yet and the loop is not waiting for it.
+  is about to hand out (:meth:`PrefetchThread.advance`) and takes planned steps
+  (:meth:`PrefetchThread.take`); the thread waits while its queue holds ``depth`` steps, or
+  while the sampler says a step may not be planned yet and the loop is not waiting for it.
   Lock order: ``lock``, then the condition variable.
 """
 
@@ -26,8 +26,8 @@ import numpy as np
 Step = list[np.ndarray]  # the W global batches of one step, one per rank
 
 
-class PlanRun:
-    """One iteration's planner thread and its queue of planned steps."""
+class _Run:
+    """One iteration's prefetch thread and its queue of planned steps."""
 
     def __init__(self) -> None:
         self.queue: collections.deque[Step] = collections.deque()
@@ -40,16 +40,25 @@ class PlanRun:
                 "stop": True}
 
 
-class Planner:
+class PrefetchThread:
     """Generates up to ``depth`` steps ahead of the training loop in a thread of its own.
 
     Args:
         depth: the sampler's ``prefetch`` (>= 1), the most steps planned ahead.
+
+    Example:
+        >>> import numpy as np
+        >>> from hardbatch.samplers.prefetch import PrefetchThread
+        >>> prefetch = PrefetchThread(depth=2)
+        >>> run = prefetch.start(range(3), lambda step: [np.array([step])], lambda step: True)
+        >>> [prefetch.take(run)[0].tolist() for _ in range(3)]
+        [[0], [1], [2]]
+        >>> prefetch.stop(run)
     """
 
     def __init__(self, depth: int) -> None:
         self.depth = depth
-        self.run: PlanRun | None = None  # the newest iteration's
+        self.run: _Run | None = None  # the newest iteration's
         self._init_sync()
 
     def _init_sync(self) -> None:
@@ -74,20 +83,20 @@ class Planner:
             self._consumer_step = -1
 
     def start(self, steps: Iterable[int], plan: Callable[[int], Step],
-              ready: Callable[[int], bool]) -> PlanRun:
+              ready: Callable[[int], bool]) -> _Run:
         """Plan global ``steps`` in order with ``plan(step)`` in a new thread.
 
         ``ready(step)`` says whether ``step`` may be planned before the loop asks for it;
         a step the loop is waiting for is always planned.
         """
-        run = PlanRun()
+        run = _Run()
         run.thread = threading.Thread(target=self._loop, args=(run, steps, plan, ready),
-                                      name="hardbatch-planner", daemon=True)
+                                      name="hardbatch-prefetch", daemon=True)
         self.run = run
         run.thread.start()
         return run
 
-    def _loop(self, run: PlanRun, steps: Iterable[int], plan: Callable[[int], Step],
+    def _loop(self, run: _Run, steps: Iterable[int], plan: Callable[[int], Step],
               ready: Callable[[int], bool]) -> None:
         try:
             for step in steps:
@@ -115,14 +124,14 @@ class Planner:
             self._consumer_step = global_step
             self._cv.notify_all()
 
-    def take(self, run: PlanRun) -> Step:
-        """The next planned step of ``run``, waiting for it; re-raises the planner's error."""
+    def take(self, run: _Run) -> Step:
+        """The next planned step of ``run``, waiting for it; re-raises the thread's error."""
         with self._cv:
             while not run.queue:
                 if run.error is not None:
                     raise run.error
                 if run.thread is None or not run.thread.is_alive():
-                    raise RuntimeError("the batch planner thread stopped unexpectedly")
+                    raise RuntimeError("the batch prefetch thread stopped unexpectedly")
                 self._cv.wait(0.5)
             planned = run.queue.popleft()
             self._cv.notify_all()
@@ -133,7 +142,7 @@ class Planner:
         with self._cv:
             return [] if self.run is None else list(self.run.queue)
 
-    def stop(self, run: PlanRun | None) -> None:
+    def stop(self, run: _Run | None) -> None:
         """Stop ``run``'s thread (if any) and wait for it; its queue is kept."""
         if run is None or run.thread is None:
             return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Literal
 
 import numpy as np
@@ -12,19 +11,17 @@ from .. import _rng
 from .. import distributed as hbdist
 from .._device import check_precision, resolve_device
 from .._logging import show_progress
-from ..embeddings import EmbeddingSource, read_embeddings, source_num_items
 from .._validation import check_int
-from ..gcbs import check_search_args, default_interleave, gcbs_permutation, interleave_chunks, \
-    resolve_method
-from ..pair_search import check_min_partners
+from ..embeddings import EmbeddingSource, source_num_items
+from ..gcbs import check_min_partners, check_search_args, default_interleave, gcbs_permutation, \
+    interleave_chunks, resolve_method
 from .duplicates import separate_keys
-from .refresh import RefreshingSampler, RefreshPolicy, check_pipelining, check_rows, \
-    resolve_distributed
+from .embedding_sampler import EmbeddingSampler
 
 Order = tuple[np.ndarray, np.ndarray]  # (item order [N or N - N mod B], batch order [nb])
 
 
-class GCBSSampler(RefreshingSampler):
+class GCBSSampler(EmbeddingSampler):
     """Global Contrastive Batch Sampling: each epoch, batches cut from a GCBS permutation.
 
     At the start of every epoch the embedding source is read and
@@ -75,7 +72,18 @@ class GCBSSampler(RefreshingSampler):
             default) when stderr is a terminal; shown once a build runs past 2 s. Every build
             also logs one INFO record on the ``hardbatch.gcbs`` logger.
         seed, rank, world_size: as in every sampler.
+
+    Example:
+        >>> import numpy as np
+        >>> import hardbatch as hb
+        >>> x = np.random.default_rng(0).standard_normal((40, 8)).astype(np.float32)
+        >>> batches = list(hb.GCBSSampler(x, 8, quantile=0.9))
+        >>> [len(b) for b in batches], sorted(i for b in batches for i in b) == list(range(40))
+        ([8, 8, 8, 8, 8], True)
     """
+
+    _settings = EmbeddingSampler._settings[:-1]  # no refresh_every: one order per epoch
+    batches_partition = True
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, quantile: float = 0.999, *,
                  paired: EmbeddingSource | None = None,
@@ -90,24 +98,15 @@ class GCBSSampler(RefreshingSampler):
                  global_batch: bool = False, duplicate_keys=None,
                  min_partners: int | None = None, interleave: int | None = None,
                  progress: bool | None = None) -> None:
-        n, first = source_num_items(embeddings)
-        super().__init__(n, batch_size, drop_last=drop_last, seed=seed, rank=rank,
-                         world_size=world_size, global_batch=global_batch,
-                         duplicate_keys=duplicate_keys)
-        background, lag = check_pipelining(
-            background, refresh_lag, "steps before the end of an epoch at which the next "
-            "epoch's order is snapshotted")
-        if lag > len(self):
-            raise ValueError(f"refresh_lag={lag} must be at most the {len(self)} steps of an "
-                             "epoch")
+        super().__init__(embeddings, batch_size, normalize=False, drop_last=drop_last,
+                         seed=seed, rank=rank, world_size=world_size, paired=paired,
+                         refresh_lag=refresh_lag, background=background,
+                         distributed=distributed, process_group=process_group,
+                         global_batch=global_batch, duplicate_keys=duplicate_keys)
+        n = self.num_items
         self.device = resolve_device(device)
         check_precision(precision)
         self.precision = precision
-        distributed = resolve_distributed(distributed, process_group, self.rank, self.world_size)
-        self.refresh_policy = RefreshPolicy(
-            embeddings, first, n, prepare=self._prepare, build=self._build, save=self._save,
-            load=self._load, every=len(self), lag=lag, background=background,
-            distributed=distributed, process_group=process_group, per_epoch=True)
         if not 0.0 < float(quantile) < 1.0:
             raise ValueError(f"quantile={quantile} must lie strictly between 0 and 1")
         resolve_method(method, n)  # checks the name; "auto" resolves per build
@@ -134,18 +133,10 @@ class GCBSSampler(RefreshingSampler):
             raise ValueError(f"partitions={partitions} must be at most the N={n} items; use "
                              "partitions <= N or None")
 
-    def _prepare(self, x: np.ndarray, copy: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """(x, y): the embeddings and the paired side now (copies for a later build)."""
-        y = None if self.paired is None else read_embeddings(self.paired, "paired")
-        if y is not None:
-            check_rows(y, self.num_items, "paired source")
-        if copy:
-            x, y = np.array(x, np.float32), None if y is None else np.array(y, np.float32)
-        return x, y
-
-    def _build(self, xy: tuple[np.ndarray, np.ndarray | None], epoch: int, group) -> Order:
-        """Epoch ``epoch``'s item order and batch order, from embeddings ``x`` (and ``y``)."""
-        x, y = xy
+    def build(self, x, epoch: int, group) -> Order:
+        """Epoch ``epoch``'s item order and batch order, from embeddings ``x`` (a pair
+        ``(x, y)`` with ``paired``; rows are normalised by the order's build)."""
+        x, y = x if self.paired is not None else (x, None)
         build = hbdist.gcbs_permutation if self.distributed else gcbs_permutation
         kw = {"group": group} if self.distributed else {"progress": self.progress}
         perm = build(x, self.quantile, y, method=self.method, min_partners=self.min_partners,
@@ -166,34 +157,20 @@ class GCBSSampler(RefreshingSampler):
                        if self.shuffle_batches else np.arange(nb))
         return perm, batch_order
 
-    def _begin_epoch(self, fresh: bool) -> None:
-        # The loaded order when resuming mid-epoch; else the pipelined build, or one now.
-        t0 = time.perf_counter()
-        self.refresh_policy.use(self.epoch, rebuild=fresh)
-        self.sampler_seconds += time.perf_counter() - t0
-
-    def _generate(self, index: int, global_step: int) -> np.ndarray:
-        order, batch_order = self.refresh_policy.structure
-        b, size = int(batch_order[index % self.batches_per_epoch]), self.plan_batch_size
-        return order[b * size:(b + 1) * size]
-
-    def _generator_state(self, mid_epoch: bool) -> dict:
-        return self.refresh_policy.state_dict(current=mid_epoch)
-
-    def _load_generator_state(self, state: dict) -> None:
-        self.refresh_policy.load_state_dict(state, self.epoch)
+    def draw(self, order: Order, index: int, seed: int, start: int | None) -> np.ndarray:
+        """Plan batch ``index``: slice ``batch_order[index]`` of the item order."""
+        b, size = int(order[1][index % self.batches_per_epoch]), self.plan_batch_size
+        return order[0][b * size:(b + 1) * size]
 
     @staticmethod
-    def _save(order: Order) -> dict:
+    def save_structure(order: Order) -> dict:
+        """The item order and batch order as tensors."""
         return {"order": torch.from_numpy(order[0].copy()),
                 "batch_order": torch.from_numpy(order[1].copy())}
 
     @staticmethod
-    def _load(state: dict) -> Order | None:
+    def load_structure(state: dict) -> Order | None:
+        """The orders saved by :meth:`save_structure`, or None."""
         if "order" not in state:
             return None
         return np.asarray(state["order"], np.int64), np.asarray(state["batch_order"], np.int64)
-
-    @property
-    def coverage(self) -> float:
-        return 1.0
