@@ -104,6 +104,59 @@ def test_pair_search_units_shard_with_partners(rng):
         assert whole == {p for r, c in parts for p in zip(r.tolist(), c.tolist())}
 
 
+def torch_block_pairs(sims, self_col, threshold, k):
+    """The selection of one block before issue 33: -inf on self, mask, nonzero, topk."""
+    sims = sims.clone()
+    mine = torch.nonzero(self_col >= 0).squeeze(1)
+    sims[mine, self_col[mine]] = -torch.inf
+    r, c = torch.nonzero(sims > threshold, as_tuple=True)
+    if k:
+        r2, c2 = gcbs.strongest_partners(sims, r, k, threshold)
+        r, c = torch.cat([r, r2]), torch.cat([c, c2])
+    return set(zip(r.tolist(), c.tolist()))
+
+
+@pytest.mark.parametrize("k", [0, 1, 16])
+@pytest.mark.parametrize("copies", [1, 3])
+def test_compiled_block_selection_equals_torch(rng, k, copies):
+    """block_pairs (one pass, CPU) gives the torch selection's pairs, exact ties included
+    (rows whose partners tie at the boundary go to the torch path in PairSearchPlan)."""
+    from hardbatch.gcbs.blocks import block_pairs
+
+    x = np.repeat(unit_rows(rng, 300 // copies, 5), copies, axis=0)  # copies: exact ties
+    y = x[rng.permutation(300)[:250]]
+    sims = torch.from_numpy(x[:120] @ y.T)
+    self_col = torch.from_numpy(np.where(rng.random(120) < 0.5, rng.integers(0, 250, 120), -1))
+    threshold = float(np.float32(np.quantile(sims.numpy(), 0.97)))
+    rows, cols, tied = block_pairs(sims, self_col.numpy(), threshold, k)
+    want = torch_block_pairs(sims, self_col, threshold, k)
+    got = set(zip(rows.tolist(), cols.tolist()))
+    assert len(got) == len(rows)
+    tied_rows = set(tied.tolist())  # hits only: their partners are the caller's
+    assert got == {(i, j) for i, j in want if i not in tied_rows or sims[i, j] > threshold}
+    assert len(tied) == 0 or (k > 0 and copies > 1)  # ties only among copies
+    plan = gcbs.PairSearchPlan(x, x, threshold, "exact", nlist=None, nprobe=1, seed=0,
+                               device=None, precision="fp32", min_partners=k)
+    full = torch.from_numpy(x @ x.T)
+    r, c = plan._hits(full.clone(), torch.arange(300))
+    assert set(zip(r.tolist(), c.tolist())) == torch_block_pairs(full, torch.arange(300),
+                                                                 threshold, k)
+
+
+def test_partition_order_does_not_depend_on_threads(rng):
+    x = unit_rows(rng, 2000, 6)
+    threads = torch.get_num_threads()
+    try:
+        orders = []
+        for t in (1, 3):
+            torch.set_num_threads(t)
+            orders.append(hb.gcbs_permutation(x, 0.995, method="partition", partitions=5))
+            assert torch.get_num_threads() == t
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(*orders)
+
+
 def test_partition_keeps_partners_inside_cells(rng):
     x = unit_rows(rng, 600, 6)
     one = hb.gcbs_permutation(x, 0.999, method="partition", partitions=1, seed=3)
@@ -190,6 +243,7 @@ def test_gcbs_epochs_differ_through_seed(rng):
     assert sorted(a.tolist()) == sorted(b.tolist()) and not torch.equal(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ivf", "faiss"])
 def test_gcbs_approximations_close_to_exact(mnist_pca, method):
     if method == "faiss":

@@ -71,6 +71,7 @@ def independent_graph(x, m, k, seed):
     return out, sims_out
 
 
+@pytest.mark.slow
 def test_shared_pools_statistically_equivalent_on_real_data(mnist_pca):
     x = mnist_pca[0][:20000]
     m, k = 1000, 100
@@ -101,6 +102,54 @@ def test_proximity_graph_deterministic(rng):
     b = hb.proximity_graph(x.copy(), 100, 10, seed=7)
     c = hb.proximity_graph(x, 100, 10, seed=8)
     assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def gather_topk_reference(x, members, pools, k):
+    """The build before issue 33: per-group gather, batched product, ``torch.topk``."""
+    xt = torch.from_numpy(x)
+    out = torch.empty((x.shape[0], k), dtype=torch.int64)
+    pools = torch.from_numpy(pools.astype(np.int64))
+    members = torch.from_numpy(members)
+    cand = xt[pools]  # [G, M, d]
+    sims = torch.bmm(xt[members.clamp(min=0)], cand.transpose(1, 2))
+    ids = torch.gather(pools.unsqueeze(1).expand(-1, members.shape[1], -1), 2,
+                       sims.topk(k, dim=2, sorted=True).indices)
+    valid = members >= 0
+    out[members[valid]] = ids[valid]
+    return out
+
+
+@pytest.mark.parametrize("n,d,m,k,group_size,copies", [
+    (2000, 8, 600, 50, None, 1),    # sampled bound (M >= 256, 4K <= M)
+    (2000, 8, 600, 50, 7, 4),       # exact ties (each row 4 times), M % g != 0
+    (1200, 6, 400, 150, None, 3),   # K > M / 4: every value is sorted
+    (600, 4, 300, 299, 1, 2),       # K = M - 1, independent pools
+])
+def test_proximity_graph_equals_gather_and_torch_topk(rng, monkeypatch, n, d, m, k, group_size,
+                                                      copies):
+    """The compiled selection gives torch.topk's neighbours in torch.topk's order, ties included,
+    whatever the number of worker threads."""
+    x = np.repeat(unit_rows(rng, n // copies, d), copies, axis=0)
+    g = group_size or hb.graph.default_group_size(m, n)
+    members, pools = candidate_pools(n, m, g, seed=2)
+    ref = gather_topk_reference(x, members, pools, k)
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 3):
+            torch.set_num_threads(t)
+            graph = hb.proximity_graph(x, m, k, seed=2, group_size=group_size)
+            assert torch.get_num_threads() == t
+            assert torch.equal(graph, ref)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_proximity_graph_half_precision_close_to_fp32(rng):
+    x = unit_rows(rng, 1500, 16)
+    fp32 = hb.proximity_graph(x, 400, 20, seed=0).numpy()
+    bf16 = hb.proximity_graph(x, 400, 20, seed=0, precision="bf16").numpy()
+    same = np.mean([len(set(a) & set(b)) / 20 for a, b in zip(fp32, bf16)])
+    assert same > 0.9
 
 
 def test_candidates_control_similarity(rng):

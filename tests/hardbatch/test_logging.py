@@ -70,6 +70,7 @@ def test_progress_false_prints_nothing_and_true_shows_a_bar(rng, capfd, monkeypa
     monkeypatch.setattr(_logging, "PROGRESS_DELAY_S", 0.0)
     # small blocks, so that these small builds have several
     monkeypatch.setattr(hb.graph, "block_elements", lambda device: 20_000)
+    monkeypatch.setattr(hb.proximity, "block_elements", lambda device: 20_000)
     monkeypatch.setattr(hb.gcbs.pairs, "block_elements", lambda device: 5_000)
     x = unit_rows(rng, 1200, 6)
     fn = BUILDS[build][1]
@@ -125,6 +126,7 @@ def test_samplers_pass_progress_to_their_builds(rng, capfd, monkeypatch, make):
     pytest.importorskip("tqdm")
     monkeypatch.setattr(_logging, "PROGRESS_DELAY_S", 0.0)
     monkeypatch.setattr(hb.graph, "block_elements", lambda device: 20_000)
+    monkeypatch.setattr(hb.proximity, "block_elements", lambda device: 20_000)
     monkeypatch.setattr(hb.gcbs.pairs, "block_elements", lambda device: 5_000)
     next(iter(make(unit_rows(rng, 1200, 6))))
     out, err = capfd.readouterr()

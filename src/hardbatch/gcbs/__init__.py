@@ -149,7 +149,7 @@ def gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.
             about ``2B`` entries per row survive).
         paired: Y, [N, d] paired with X row by row, or None for ``Y = X``.
         method: ``"auto"`` (default: ``"exact"`` up to 5,000 items, ``"ivf"`` up to
-            1,000,000, ``"partition"`` in cells of ~10,000 beyond; docs/gcbs.md),
+            1,000,000, ``"partition"`` in cells of ~2,500 beyond; docs/gcbs.md),
             ``"exact"`` (blocked dense),
             ``"ivf"`` (clustered, approximate), ``"faiss"`` (faiss IVF range search,
             approximate) or ``"partition"`` (for N in the millions: coarse k-means cells,
@@ -164,7 +164,7 @@ def gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.
         nlist, nprobe: inverted lists (default sqrt(N)) and lists probed per list
             (positive integers; ``nprobe >= nlist`` probes every list).
         partitions: cells of ``"partition"`` (default ceil(N / 100,000); with
-            ``method="auto"``: ceil(N / 10,000)).
+            ``method="auto"``: ceil(N / 2,500)).
         device: where the products run (``"cuda"``: threshold, pairs; the ordering
             stays on the CPU).
         precision: ``"fp32"``, ``"bf16"`` or ``"fp16"`` products (fp32 accumulation).

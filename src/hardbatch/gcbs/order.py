@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -112,11 +114,13 @@ class PartitionPlan:
             cent = spherical_kmeans(torch.from_numpy(y).to(dev), partitions, seed)
             cell = self.assign(x, cent)
             sim = (cent @ cent.T).cpu()
-        chain, left = [0], set(range(1, partitions))
-        while left:  # greedy chain: next, the most similar cell not yet visited
-            nxt = max(left, key=lambda c: float(sim[chain[-1], c]))
-            chain.append(nxt)
-            left.remove(nxt)
+        sim = sim.double().numpy()
+        chain, seen = [0], np.zeros(partitions, bool)
+        seen[0] = True
+        for _ in range(partitions - 1):  # greedy chain: next, the most similar cell not yet seen
+            row = np.where(seen, -np.inf, sim[chain[-1]])
+            chain.append(int(np.argmax(row)))  # ties: the lowest cell
+            seen[chain[-1]] = True
         self.adopt(cell, torch.tensor(chain, dtype=torch.int64))
 
     def adopt(self, cell: torch.Tensor, chain: torch.Tensor) -> None:
@@ -147,26 +151,42 @@ class PartitionPlan:
         """Items of chain positions [start, end), each cell in its RCM order, int64.
 
         Within a cell, ``min_partners`` are the strongest pairs inside the cell.
-        ``bar.update(1)`` per cell; ``log`` is told the bytes held per cell.
+        ``bar.update(1)`` per cell; ``log`` is told the bytes held per cell. On the CPU
+        ``torch.get_num_threads()`` worker threads share the cells, each running its cells'
+        products single-threaded (the order does not depend on it).
         """
-        out = [np.empty(0, np.int64)]
-        for c in self.chain[start:end]:
-            idx = self.members[self.start[c]:self.start[c + 1]]
-            bar.update(1)
-            if len(idx) <= 1:
-                out.append(idx)
-                continue
-            xs = np.ascontiguousarray(self.x[idx])
-            ys = xs if self.y is self.x else np.ascontiguousarray(self.y[idx])
-            plan = PairSearchPlan(xs, ys, self.threshold, "exact", nlist=None, nprobe=1,
-                                  seed=0, device=self.device, precision=self.precision,
-                                  min_partners=min(self.min_partners, len(idx) - 1))
-            rows, cols = plan.pairs(0, plan.num_units)
-            if log is not None:
-                log.hold(plan.block_bytes + xs.nbytes + ys.nbytes, rows.nbytes, cols.nbytes)
-            seed = self.seed if len(self.chain) == 1 else _rng.derive_seed(self.seed, c)
-            out.append(idx[rcm_order(rows, cols, len(idx), seed, log).numpy()])
-        return np.concatenate(out).astype(np.int64, copy=False)
+        cells = self.chain[start:end]
+        threads = torch.get_num_threads()
+        if resolve_device(self.device).type != "cpu" or threads < 2 or len(cells) < 2:
+            parts = [self._cell_order(c, bar, log) for c in cells]
+        else:
+            def work(c):
+                torch.set_num_threads(1)  # this thread's products (OpenMP/MKL: thread-local)
+                return self._cell_order(c, bar, log)
+
+            try:
+                with ThreadPoolExecutor(threads) as pool:
+                    parts = list(pool.map(work, cells))
+            finally:
+                torch.set_num_threads(threads)  # the default for threads started later
+        return np.concatenate([np.empty(0, np.int64), *parts]).astype(np.int64, copy=False)
+
+    def _cell_order(self, c: int, bar, log: BuildLog | None) -> np.ndarray:
+        """The items of cell c in their RCM order."""
+        idx = self.members[self.start[c]:self.start[c + 1]]
+        bar.update(1)
+        if len(idx) <= 1:
+            return idx
+        xs = np.ascontiguousarray(self.x[idx])
+        ys = xs if self.y is self.x else np.ascontiguousarray(self.y[idx])
+        plan = PairSearchPlan(xs, ys, self.threshold, "exact", nlist=None, nprobe=1,
+                              seed=0, device=self.device, precision=self.precision,
+                              min_partners=min(self.min_partners, len(idx) - 1))
+        rows, cols = plan.pairs(0, plan.num_units)
+        if log is not None:
+            log.hold(plan.block_bytes + xs.nbytes + ys.nbytes, rows.nbytes, cols.nbytes)
+        seed = self.seed if len(self.chain) == 1 else _rng.derive_seed(self.seed, c)
+        return idx[rcm_order(rows, cols, len(idx), seed, log).numpy()]
 
 
 def interleave_chunks(order: np.ndarray | torch.Tensor, chunk: int) -> np.ndarray:

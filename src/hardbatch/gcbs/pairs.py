@@ -34,6 +34,7 @@ from .. import _rng
 from .._device import Precision, block_elements, check_precision, matmul_fp32, resolve_device
 from .._logging import NO_BAR
 from .._validation import check_int
+from .blocks import block_pairs
 
 __all__ = ["AUTO_CELL_ITEMS", "AUTO_EXACT_MAX_ITEMS", "AUTO_IVF_MAX_ITEMS",
            "DEFAULT_MIN_PARTNERS", "METHODS", "PairSearchPlan", "check_min_partners",
@@ -48,7 +49,10 @@ METHODS = ("auto", "exact", "ivf", "faiss", "partition")
 # third of the memory at 1.28M (docs/benchmarks.md).
 AUTO_EXACT_MAX_ITEMS = 5_000
 AUTO_IVF_MAX_ITEMS = 1_000_000
-AUTO_CELL_ITEMS = 10_000  # method="auto" above AUTO_IVF_MAX_ITEMS: partition cells of ~10k
+# method="auto" above AUTO_IVF_MAX_ITEMS: partition cells of ~2,500 items (issue 33: as hard
+# batches as cells of 10,000 or harder on MNIST, MiniLM and the mixture, a quarter of the
+# products; docs/gcbs.md)
+AUTO_CELL_ITEMS = 2_500
 
 
 def resolve_method(method: str, n: int) -> str:
@@ -85,8 +89,8 @@ def resolve_build(method: str, min_partners: int | None, partitions: int | None,
 
     Example:
         >>> from hardbatch.gcbs import resolve_build
-        >>> resolve_build("auto", None, None, 2_000_000)  # partition cells of about 10,000 items
-        ('partition', 16, 200)
+        >>> resolve_build("auto", None, None, 2_000_000)  # partition cells of about 2,500 items
+        ('partition', 16, 800)
         >>> resolve_build("exact", 0, None, 40)
         ('exact', 0, None)
     """
@@ -259,7 +263,11 @@ class PairSearchPlan:
         self.device, self.dtype = resolve_device(device), check_precision(precision)
         n = x.shape[0]
         if method == "exact":
-            self.per = max(1, (4 * block_elements(self.device)) // n)
+            # rows per block: CPU ~1M similarities (64+ rows; still cached when the compiled
+            # selection reads them), CUDA ~256M
+            cpu = self.device.type == "cpu"
+            self.per = (min(n, max(64, block_elements(self.device) // (4 * n))) if cpu else
+                        max(1, (4 * block_elements(self.device)) // n))
             self.num_units = -(-n // self.per)
         elif method == "faiss":
             self.per = 65536
@@ -286,9 +294,24 @@ class PairSearchPlan:
             return self._ivf_pairs(start, end, bar)
         return self._faiss_pairs(start, end, bar)
 
-    def _hits(self, sims: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions (row, column) in ``sims`` (self pairs at -inf) of the unit's pairs."""
+    def _hits(self, sims: torch.Tensor, self_col: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions (row, column) in ``sims`` of the unit's pairs; ``self_col[i]``: the column
+        of row i's own item (-1: none), never paired. On the CPU one compiled pass
+        (:func:`~hardbatch.gcbs.blocks.block_pairs`), elsewhere torch."""
         self.block_bytes = max(self.block_bytes, sims.numel() * 5)  # fp32 values + bool mask
+        if sims.device.type == "cpu" and sims.dtype == torch.float32:
+            r, c, tied = block_pairs(sims, self_col.numpy(), self.threshold, self.min_partners)
+            r, c = torch.from_numpy(r), torch.from_numpy(c)
+            if len(tied):  # partners tie at the boundary: torch.topk's choice, as below
+                tied = torch.from_numpy(tied)
+                sub, own = sims[tied], self_col[tied]
+                sub[torch.nonzero(own >= 0).squeeze(1), own[own >= 0]] = -torch.inf
+                r2, c2 = strongest_partners(sub, torch.nonzero(sub > self.threshold)[:, 0],
+                                            self.min_partners, self.threshold)
+                r, c = torch.cat([r, tied[r2]]), torch.cat([c, c2])
+            return r, c
+        mine = torch.nonzero(self_col >= 0).squeeze(1).to(sims.device)
+        sims[mine, self_col.to(sims.device)[mine]] = -torch.inf
         r, c = torch.nonzero(sims > self.threshold, as_tuple=True)
         if self.min_partners:
             r2, c2 = strongest_partners(sims, r, self.min_partners, self.threshold)
@@ -302,9 +325,7 @@ class PairSearchPlan:
         for s in range(start * self.per, min(n, end * self.per), self.per):
             e = min(n, s + self.per)
             sims = matmul_fp32(xt[s:e], yt.T)
-            sims[torch.arange(e - s, device=self.device),
-                 torch.arange(s, e, device=self.device)] = -torch.inf
-            r, c = self._hits(sims)
+            r, c = self._hits(sims, torch.arange(s, e))
             rows.append((r + s).cpu().numpy())
             cols.append(c.cpu().numpy())
             bar.update(1)
@@ -338,6 +359,7 @@ class PairSearchPlan:
         if self._ivf is None:
             self._ivf_setup()
         xt, yt, probe, (col_order, col_start), (row_order, row_start) = self._ivf
+        where = torch.full((self.x.shape[0],), -1, dtype=torch.int64, device=col_order.device)
         rows, cols = [], []
         for c in range(start, end):
             bar.update(1)
@@ -347,9 +369,9 @@ class PairSearchPlan:
             c_ids = torch.cat([col_order[col_start[p]:col_start[p + 1]]
                                for p in probe[c].tolist()])
             sims = matmul_fp32(xt[r_ids], yt[c_ids].T)
-            if self.min_partners:  # self pairs out before rows count their pairs
-                sims[r_ids.unsqueeze(1) == c_ids.unsqueeze(0)] = -torch.inf
-            r, k = self._hits(sims)
+            where[c_ids] = torch.arange(len(c_ids), device=where.device)
+            r, k = self._hits(sims, where[r_ids].cpu())  # self pairs out before rows count
+            where[c_ids] = -1
             rr, cc = r_ids[r], c_ids[k]
             keep = rr != cc
             rows.append(rr[keep].cpu().numpy())
