@@ -1,4 +1,5 @@
-"""The experiments' ``hardbatch`` commands: ``demo``, ``bench graphcl|simcse|simclr``, ``eval sts``.
+"""The experiments' ``hardbatch`` commands: ``demo``, ``bench graphcl|simcse|simclr|codesearch``,
+``eval sts``.
 
 Each ``add_*_parser(subparsers)`` is registered under the entry-point group
 ``hardbatch.commands`` (``pyproject.toml``), so :mod:`hardbatch.cli` adds the command to the
@@ -22,6 +23,7 @@ from hardbatch.graph import check_graph_sizes
 from hardbatch.registry import canonical_loss, loss_names, parse_names, sampler_names
 
 from .demo import DemoConfig, run_demo, split_digits
+from .recipes.codesearch import add_codesearch_parser
 from .recipes.graphcl import add_graphcl_parser
 from .recipes.simclr import add_simclr_parser
 from .recipes.simcse import add_simcse_parser
@@ -113,12 +115,12 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``bench`` with the recipes ``graphcl``, ``simcse`` and ``simclr``."""
+    """Register ``bench`` with the recipes ``graphcl``, ``simcse``, ``simclr`` and ``codesearch``."""
     bench = subparsers.add_parser("bench", help="reproduce the papers' experiments on real data",
                                   description="Benchmarks on real data; one JSON per run, reruns "
                                               "skip finished runs.")
     recipes = bench.add_subparsers(dest="benchmark", metavar="BENCHMARK")
-    for add in (add_graphcl_parser, add_simcse_parser, add_simclr_parser):
+    for add in (add_graphcl_parser, add_simcse_parser, add_simclr_parser, add_codesearch_parser):
         add(recipes)
     return bench
 
