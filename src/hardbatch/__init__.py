@@ -21,7 +21,15 @@ from .losses import (
     info_nce,
     sscl_loss,
 )
-from .samplers import GCBSSampler, KNNBatchSampler, ProximityGraphSampler, UniformBatchSampler
+from .samplers import (
+    ClusterBatchSampler,
+    CommunityBatchSampler,
+    GCBSSampler,
+    KNNBatchSampler,
+    ProximityGraphSampler,
+    SingleSourceBatchSampler,
+    UniformBatchSampler,
+)
 from .samplers.duplicates import near_duplicate_keys
 from .schedules import EpochStepDecay, LinearDecay
 from .walks import walk_batches
@@ -30,6 +38,8 @@ from . import registry  # noqa: F401  (names and factories: hb.registry.make_sam
 __version__ = "0.1.0"
 
 __all__ = [
+    "ClusterBatchSampler",
+    "CommunityBatchSampler",
     "DebiasedInfoNCE",
     "EmbeddingBank",
     "GCBSSampler",
@@ -42,6 +52,7 @@ __all__ = [
     "LinearDecay",
     "ProximityGraphSampler",
     "SSCLLoss",
+    "SingleSourceBatchSampler",
     "UniformBatchSampler",
     "debiased_floor_stats",
     "debiased_info_nce",

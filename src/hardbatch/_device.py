@@ -10,7 +10,7 @@ from typing import Literal
 import torch
 
 __all__ = ["BLOCK_ELEMENTS_CPU", "BLOCK_ELEMENTS_CUDA", "Precision", "block_elements",
-           "check_precision", "matmul_fp32", "resolve_device", "shard_range"]
+           "check_dtype", "check_precision", "matmul_fp32", "resolve_device", "shard_range"]
 
 Precision = Literal["fp32", "bf16", "fp16"]
 
@@ -21,18 +21,61 @@ _HALF = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 _OUT_DTYPE_OK: dict[str, bool] = {}
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``device`` as a ``torch.device`` (None: CPU); ``ValueError`` for an unknown name."""
+def resolve_device(device: str | torch.device | None, name: str = "device") -> torch.device:
+    """``device`` as a ``torch.device`` (None: CPU); ``ValueError`` naming ``name`` for anything
+    else than a device, a device name or a CUDA index, or a CUDA device this machine lacks.
+
+    Example:
+        >>> from hardbatch._device import resolve_device
+        >>> resolve_device(None), resolve_device("cpu")
+        (device(type='cpu'), device(type='cpu'))
+        >>> try:
+        ...     resolve_device("gpu")
+        ... except ValueError as err:
+        ...     print(str(err).split(";")[0])
+        device='gpu' is not a torch device
+    """
     if device is None:
         return torch.device("cpu")
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise ValueError(f"{name} must be a torch.device, a device name or a CUDA index, got "
+                         f"{type(device).__name__} {device!r:.60}; pass 'cpu', 'cuda' or 'cuda:0'")
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device={device!r} is not a torch device; pass 'cpu', 'cuda' or "
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ValueError(f"{name}={device!r} is not a torch device; pass 'cpu', 'cuda' or "
                          "'cuda:0'") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available; pass device='cpu'")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}={device!r} but CUDA is not available; pass {name}='cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name}={device!r} but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s); pass {name}='cuda:0'")
     return dev
+
+
+def check_dtype(dtype, name: str = "dtype", floating: bool = True) -> torch.dtype:
+    """``dtype`` if it is a ``torch.dtype`` (a floating one with ``floating``); ``ValueError``
+    naming ``name`` otherwise (a string or a NumPy type included: pass ``torch.float32``).
+
+    Example:
+        >>> import torch
+        >>> from hardbatch._device import check_dtype
+        >>> check_dtype(torch.bfloat16)
+        torch.bfloat16
+        >>> try:
+        ...     check_dtype("float32")
+        ... except ValueError as err:
+        ...     print(str(err).split(";")[0])
+        dtype must be a torch.dtype, got str 'float32'
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{name} must be a torch.dtype, got {type(dtype).__name__} "
+                         f"{dtype!r:.60}; pass e.g. torch.float32")
+    if floating and not dtype.is_floating_point:
+        raise ValueError(f"{name}={dtype} must be a floating point dtype (torch.float32, "
+                         "torch.bfloat16 or torch.float16)")
+    return dtype
 
 
 def check_precision(precision: str) -> torch.dtype:

@@ -30,6 +30,27 @@ def check_real(value, name: str, expected: str = "a number") -> float:
     return float(value)
 
 
+def check_generator(generator, name: str = "generator") -> torch.Generator | None:
+    """``generator`` if it is a ``torch.Generator`` or None; ``ValueError`` naming ``name``.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch._validation import check_generator
+        >>> check_generator(None) is None
+        True
+        >>> try:
+        ...     check_generator(123)
+        ... except ValueError as err:
+        ...     print(str(err).split(";")[0])
+        generator must be a torch.Generator or None, got int 123
+    """
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    raise ValueError(f"{name} must be a torch.Generator or None, got {type(generator).__name__} "
+                     f"{generator!r:.60}; pass e.g. torch.Generator().manual_seed(0) (on the "
+                     "device of the tensors it draws for)")
+
+
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     """``ValueError`` listing ``choices`` unless ``value`` is one of them."""
     if value not in choices:

@@ -8,6 +8,7 @@ from typing import Union
 import numpy as np
 import torch
 
+from ._device import check_dtype, resolve_device
 from ._validation import check_int, embedding_tensor
 from .distributed import is_distributed, sync_bank_update
 
@@ -62,7 +63,7 @@ class EmbeddingBank:
             table = torch.zeros(self.num_items, self.dim)
         else:
             raise ValueError(f"init={init!r} must be 'random' or 'zeros'")
-        self.embeddings = table.to(dtype=dtype, device=device)
+        self.embeddings = table.to(dtype=check_dtype(dtype), device=resolve_device(device))
         self.last_update = torch.full((self.num_items,), -1, dtype=torch.int64)
         self.step = 0
         self.rows_written = 0  # rows stored by update() so far, counted with repeats

@@ -3,8 +3,11 @@
 Draws ``--batches`` batches from each requested sampler configuration, computes the diagnostics
 of :mod:`hardbatch.metrics` (hardness, false-negative rate when labels are given, duplicate
 rate, coverage of the drawn batches, mean in-batch similarity, sampler time; optionally the
-global-vs-batch NT-Xent loss gap), prints a markdown table and writes ``inspect.json``,
-``inspect.md`` and ``similarity_histograms.png`` into ``--out``. With ``--reference FILE`` the
+global-vs-batch NT-Xent loss gap), prints a markdown table, a legend of its columns
+(:data:`LEGEND`) and notes on reading it, and writes ``inspect.json`` (with the legend and
+notes), ``inspect.md`` and ``similarity_histograms.png`` (log density: the samplers differ in
+the high-similarity tail) into ``--out``. By default each sampler draws one epoch, ``ceil(N /
+B)`` batches, so coverage is that of one epoch. With ``--reference FILE`` the
 similarity figures are measured in that fixed embedding too (``ref.`` columns,
 ``reference_similarity_histograms.png``): batches built from one embedding (or by samplers run
 on different ones) compare in one coordinate system.
@@ -27,20 +30,22 @@ from pathlib import Path
 
 import numpy as np
 
+from ._inspect_report import LEGEND, fmt, jsonable, legend_of, markdown_table, reading_notes
 from .cli_types import open_probability, positive_int, probability, temperature
 from .graph import check_graph_sizes
 from .metrics.files import load_reference, read_embeddings_file, read_labels_file
-from .registry import make_sampler, parse_names
+from .registry import make_sampler, parse_names, sampler_names
 
-__all__ = ["add_inspect_parser", "build_parser", "main", "run_inspect"]
+__all__ = ["LEGEND", "add_inspect_parser", "build_parser", "main", "run_inspect"]
 
 DEFAULT_BATCH_SIZE, DEFAULT_CANDIDATES, DEFAULT_NEIGHBORS = 512, 1000, 100
 
 DESCRIPTION = """\
-Compare hard-negative batch samplers on fixed embeddings (no training): draws --batches batches
-from each sampler and reports hardness (mean top-1 in-batch cosine), mean in-batch cosine,
-false-negative rate (with --labels), duplicate rate, coverage and sampler time, as a markdown
-table plus inspect.json, inspect.md and similarity_histograms.png in --out. --reference FILE
+Compare hard-negative batch samplers on fixed embeddings (no training): draws one epoch of
+batches (or --batches) from each sampler and reports hardness (mean top-1 in-batch cosine), mean
+in-batch cosine, false-negative rate (with --labels), duplicate rate, coverage and sampler time,
+as a markdown table followed by a legend of its columns and notes, plus inspect.json, inspect.md
+and similarity_histograms.png (log density) in --out. --reference FILE
 measures the same batches in a fixed reference embedding too (one coordinate system for
 every sampler: e.g. a pretrained encoder's embeddings of the same N items)."""
 
@@ -70,7 +75,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                              "hardness, mean similarity, near-duplicate rate and loss gap are "
                              "measured too (ref. columns)")
     parser.add_argument("--sampler", default="all", metavar="NAME[,NAME]",
-                        help="samplers to compare: uniform, knn, proximity, gcbs or all; "
+                        help=f"samplers to compare: {', '.join(sampler_names())} or all; "
                              "several comma-separated, e.g. uniform,gcbs (default: all)")
     parser.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
                         help=f"batch size (default {DEFAULT_BATCH_SIZE}, lowered for small N)")
@@ -86,9 +91,9 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="proximity: walk (default rwr)")
     parser.add_argument("--quantile", type=open_probability, default=0.999, metavar="Q",
                         help="gcbs: similarity quantile kept as edges (default 0.999)")
-    parser.add_argument("--batches", type=positive_int, default=50, metavar="NUM",
-                        help="batches drawn per sampler (default 50; more than one epoch "
-                             "continues into the next)")
+    parser.add_argument("--batches", type=positive_int, default=None, metavar="NUM",
+                        help="batches drawn per sampler (default: one epoch, ceil(N / B); more "
+                             "continue into the next epoch, and coverage then counts them all)")
     parser.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     parser.add_argument("--bins", type=positive_int, default=50,
                         help="histogram bins (default 50)")
@@ -96,7 +101,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also compute the global-vs-batch NT-Xent loss gap of the drawn "
                              "batches (O(N^2 d); about a minute at N = 100k on 2 cores)")
     parser.add_argument("--temperature", type=temperature, default=0.5, metavar="T",
-                        help="temperature of --loss-gap (default 0.5)")
+                        help="temperature of --loss-gap (default 0.5; each item is its own "
+                             "positive, so below about 0.1 every loss and gap is near 0)")
     parser.add_argument("--out", default="hardbatch-inspect", metavar="DIR",
                         help="output folder (default ./hardbatch-inspect)")
 
@@ -246,53 +252,6 @@ def _label(name: str, config: dict) -> str:
     return name
 
 
-def _fmt(value, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if isinstance(value, int):
-        return str(value)
-    text = f"{value:.{digits}f}"
-    return text[1:] if text.startswith("-") and float(text) == 0 else text  # no "-0.000"
-
-
-def _markdown_table(rows: list[dict], has_labels: bool, has_gap: bool,
-                    has_reference: bool = False) -> str:
-    cols = [("batches", "batches", 0), ("B", "batch_size", 0), ("hardness", "hardness", 3),
-            ("mean neg. sim", "mean_negative_similarity", 3)]
-    if has_labels:
-        cols.append(("FN rate", "false_negative_rate", 3))
-    cols += [("duplicate rate", "duplicate_rate", 3), ("coverage", "coverage", 3),
-             ("sampler time (s)", "sampler_seconds", 3)]
-    if has_gap:
-        cols.append(("loss gap", "loss_gap", 3))
-    if has_reference:
-        cols += [("ref. hardness", "reference_hardness", 3),
-                 ("ref. mean neg. sim", "reference_mean_negative_similarity", 3),
-                 ("ref. near-dup rate", "reference_near_duplicate_rate", 3)]
-        if has_gap:
-            cols.append(("ref. loss gap", "reference_loss_gap", 3))
-    lines = ["| sampler | " + " | ".join(c[0] for c in cols) + " |",
-             "|---|" + "---:|" * len(cols)]
-    for row in rows:
-        cells = [row["label"]] + [_fmt(row.get(key), digits) for _, key, digits in cols]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _jsonable(value):
-    if isinstance(value, float):
-        return None if math.isnan(value) or math.isinf(value) else value
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return _jsonable(float(value))
-    return value
-
-
 # ---------------------------------------------------------------------------------------------
 # run
 # ---------------------------------------------------------------------------------------------
@@ -312,6 +271,7 @@ def _inspect(args) -> int:
     params, notes = _resolve_parameters(args, n, samplers)
     for note in notes:
         _progress(f"note: {note}")
+    num_batches = args.batches or math.ceil(n / params["batch_size"])  # default: one epoch
     out_dir = Path(args.out)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -333,10 +293,10 @@ def _inspect(args) -> int:
         except ValueError as exc:
             raise InspectError(f"{name} sampler: {exc}") from None
         label = _label(name, config)
-        _progress(f"drawing {args.batches} batches of {params['batch_size']} from {label} ...")
+        _progress(f"drawing {num_batches} batches of {params['batch_size']} from {label} ...")
         _warm_up(name, d, params)
         t0 = time.perf_counter()
-        batches = _draw(sampler, args.batches)
+        batches = _draw(sampler, num_batches)
         seconds = time.perf_counter() - t0
         stats = plan_stats(x, batches, labels, bins=args.bins, reference=ref)
         counts, edges = stats.pop("histogram")
@@ -361,9 +321,9 @@ def _inspect(args) -> int:
         results[name] = {**row, "histogram": {"counts": counts.tolist(),
                                               "edges": edges.tolist()}, **extra}
 
-    table = _markdown_table(rows, labels is not None, gap is not None, ref is not None)
+    table = markdown_table(rows, labels is not None, gap is not None, ref is not None)
     header = [f"# hardbatch inspect: {args.embeddings}", "",
-              f"N = {n} items, d = {d}, {args.batches} batches per sampler, seed {args.seed}"]
+              f"N = {n} items, d = {d}, {num_batches} batches per sampler, seed {args.seed}"]
     chance = None
     if labels is not None:
         _, cnt = np.unique(labels, return_counts=True)
@@ -376,30 +336,36 @@ def _inspect(args) -> int:
                       "the same batches in it (near-dup: pairs with cosine > 0.9)")
     if gap is not None:
         header.append(f"loss gap: mean over drawn items of global minus in-batch NT-Xent loss "
-                      f"(t = {args.temperature:g}); global loss = {rows[0]['global_loss']:.3f}")
-    report = "\n".join(header) + "\n\n" + table + "\n"
+                      f"(t = {args.temperature:g}); global loss = "
+                      f"{fmt(rows[0]['global_loss'], None)}")
+    legend = legend_of(table)
+    notes = notes + reading_notes(args, n, params["batch_size"], num_batches, rows, chance)
+    report = ("\n".join(header) + "\n\n" + table + "\n\n"
+              + "\n".join(f"- {name}: {meaning}" for name, meaning in legend.items()) + "\n\n"
+              + "\n".join(f"note: {note}" for note in notes) + "\n")
 
     plot_path = plot_similarity_histograms(
-        histograms, out_dir / "similarity_histograms.png",
-        title=f"In-batch cosine similarity (N={n}, B={params['batch_size']}, "
-              f"{args.batches} batches)")
+        histograms, out_dir / "similarity_histograms.png", log=True,
+        title=f"In-batch cosine similarity, log density (N={n}, B={params['batch_size']}, "
+              f"{num_batches} batches)")
     files = {"plot": str(plot_path), "table": str(out_dir / "inspect.md")}
     if ref is not None:
         files["reference_plot"] = plot_similarity_histograms(
-            ref_histograms, out_dir / "reference_similarity_histograms.png",
-            title=f"In-batch cosine similarity in the reference ({Path(args.reference).name})")
+            ref_histograms, out_dir / "reference_similarity_histograms.png", log=True,
+            title=f"In-batch cosine similarity in the reference, log density "
+                  f"({Path(args.reference).name})")
     summary = {
         "embeddings": str(args.embeddings), "labels": args.labels, "reference": args.reference,
         "num_items": n, "dim": d, "num_classes": None if labels is None else len(np.unique(labels)),
         "chance_false_negative_rate": chance,
-        "parameters": {**params, "batches": args.batches, "seed": args.seed, "bins": args.bins,
+        "parameters": {**params, "batches": num_batches, "seed": args.seed, "bins": args.bins,
                        "temperature": args.temperature if args.loss_gap else None},
-        "notes": notes, "samplers": results,
+        "legend": legend, "notes": notes, "samplers": results,
         "files": files,
     }
     (out_dir / "inspect.md").write_text(report)
     with open(out_dir / "inspect.json", "w") as fh:
-        json.dump(_jsonable(summary), fh, indent=2)
+        json.dump(jsonable(summary), fh, indent=2)
     print(report, end="")
     print(f"\nwrote {out_dir / 'inspect.json'}, {', '.join(files.values())}")
     return 0

@@ -60,7 +60,7 @@ def _prepare_path(path) -> str:
 
 def plot_similarity_histograms(histograms: Mapping[str, tuple[Sequence, Sequence]], path,
                                title: str = "In-batch cosine similarity",
-                               density: bool = True) -> str:
+                               density: bool = True, log: bool = False) -> str:
     """Step histograms of in-batch cosine similarity, one per sampler (BatchSampler Fig. 4 left).
 
     Args:
@@ -70,6 +70,8 @@ def plot_similarity_histograms(histograms: Mapping[str, tuple[Sequence, Sequence
         title: figure title.
         density: normalise each histogram to unit area, so samplers with different numbers of
             pairs compare (default); False plots raw pair counts.
+        log: a logarithmic y axis, on which the samplers' rare high-similarity tails (the hard
+            negatives and near-copies) differ visibly; a linear axis shows only the bulk.
 
     Returns:
         ``path`` as a string.
@@ -111,7 +113,9 @@ def plot_similarity_histograms(histograms: Mapping[str, tuple[Sequence, Sequence
             heights = counts / (total * np.diff(edges))
         ax.stairs(heights, edges, label=f"{name} ({int(total):,} pairs)", linewidth=1.6)
     ax.set_xlabel("cosine similarity of in-batch pairs")
-    ax.set_ylabel("density" if density else "pairs")
+    ax.set_ylabel(("density" if density else "pairs") + (" (log scale)" if log else ""))
+    if log:
+        ax.set_yscale("log")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     _legend_below(fig, ax)

@@ -1,7 +1,8 @@
 """The one table of sampler and loss names, and the factories every command, recipe and
 integration builds them with.
 
-Names: samplers ``uniform``, ``knn``, ``proximity``, ``gcbs``; losses ``infonce``, ``dcl``,
+Names: samplers ``uniform``, ``knn``, ``proximity``, ``gcbs``, ``cluster`` (TAS-B),
+``community`` (B3); losses ``infonce``, ``dcl``,
 ``hcl``, ``sscl`` (``debiased`` and ``hard_negative`` are accepted aliases of ``dcl`` and
 ``hcl``). An unknown name raises one ``ValueError`` listing the valid names and aliases; an
 unknown option names the option and the ones the sampler or loss accepts.
@@ -23,7 +24,8 @@ from torch import nn
 
 from ._validation import num_items_of
 from .losses import DebiasedInfoNCE, HardNegativeInfoNCE, InfoNCE, SSCLLoss
-from .samplers import GCBSSampler, KNNBatchSampler, ProximityGraphSampler, UniformBatchSampler
+from .samplers import ClusterBatchSampler, CommunityBatchSampler, GCBSSampler, KNNBatchSampler, \
+    ProximityGraphSampler, UniformBatchSampler
 
 __all__ = ["LOSS_ALIASES", "canonical_loss", "canonical_sampler", "loss_class", "loss_names",
            "make_loss", "make_sampler", "parse_names", "sampler_class", "sampler_names"]
@@ -33,6 +35,8 @@ _SAMPLERS: dict[str, type] = {
     "knn": KNNBatchSampler,
     "proximity": ProximityGraphSampler,
     "gcbs": GCBSSampler,
+    "cluster": ClusterBatchSampler,
+    "community": CommunityBatchSampler,
 }
 _LOSSES: dict[str, type[nn.Module]] = {
     "infonce": InfoNCE,
@@ -49,7 +53,7 @@ def sampler_names() -> tuple[str, ...]:
     Example:
         >>> from hardbatch.registry import sampler_names
         >>> sampler_names()
-        ('uniform', 'knn', 'proximity', 'gcbs')
+        ('uniform', 'knn', 'proximity', 'gcbs', 'cluster', 'community')
     """
     return tuple(_SAMPLERS)
 
@@ -83,7 +87,7 @@ def canonical_sampler(name: str) -> str:
         >>> canonical_sampler("graph")
         Traceback (most recent call last):
             ...
-        ValueError: unknown sampler 'graph'; use one of 'uniform', 'knn', 'proximity', 'gcbs'
+        ValueError: unknown sampler 'graph'; use one of 'uniform', 'knn', 'proximity', 'gcbs', ...
     """
     if not isinstance(name, str) or name.strip().lower() not in _SAMPLERS:
         raise _unknown("sampler", name, _SAMPLERS, {})
@@ -137,7 +141,7 @@ def parse_names(value: str | Iterable[str], kind: str, extra: Iterable[str] = ()
     Example:
         >>> from hardbatch.registry import parse_names
         >>> parse_names("all", "sampler")
-        ['uniform', 'knn', 'proximity', 'gcbs']
+        ['uniform', 'knn', 'proximity', 'gcbs', 'cluster', 'community']
         >>> parse_names("hard_negative, infonce, hcl", "loss")
         ['hcl', 'infonce']
         >>> parse_names(["mnrl", "dcl"], "loss", extra=("mnrl",))

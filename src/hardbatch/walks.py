@@ -1,25 +1,22 @@
 """Graph walks that collect a mini-batch of B distinct items (BatchSampler paper, section 4.2).
 
-A graph is a neighbour table ``neighbors`` of shape [N, K] (int64): row ``v``
-lists the out-neighbours of item ``v``; ``-1`` entries, allowed only at the
-end of a row, mean "no neighbour". Rows produced by :func:`hardbatch.proximity_graph`
-and :func:`hardbatch.knn_graph` are full and sorted by decreasing similarity.
+A graph is a neighbour table ``neighbors`` of shape [N, K] (int64): row ``v`` lists the
+out-neighbours of item ``v``; ``-1`` entries, allowed only at the end of a row, mean "no
+neighbour". Rows produced by :func:`hardbatch.proximity_graph` and :func:`hardbatch.knn_graph`
+are full and sorted by decreasing similarity.
 
 Walks (``walk=``):
 
-- ``"rwr"``: random walk with restart (paper Algorithm 3). From start node
-  ``u``, each step teleports back to ``u`` with probability ``restart``
-  (alpha) or moves to a uniformly chosen neighbour; every newly visited
-  node joins the batch.
+- ``"rwr"``: random walk with restart (paper Algorithm 3). From start node ``u``, each step
+  teleports back to ``u`` with probability ``restart`` (alpha) or moves to a uniformly chosen
+  neighbour; every newly visited node joins the batch.
 - ``"rw"``: plain random walk (``restart = 0``).
-- ``"bfs"``: breadth-first: all neighbours of the start node in row order,
-  then their neighbours, and so on.
-- ``"dfs"``: depth-first: go to a random unvisited neighbour as deep as
-  possible, backtrack when a node has none left.
+- ``"bfs"`` / ``"dfs"``: breadth-first (all neighbours of the start in row order, then
+  theirs) / depth-first (a random unvisited neighbour as deep as possible, then back).
 
-Termination on any graph. A walk can run out of new nodes (the start's
-reachable set holds fewer than B items, a dead end, a tiny component). The
-walk then continues from a fresh start node not yet in the batch:
+Termination on any graph. A walk can run out of new nodes (the start's reachable set holds
+fewer than B items, a dead end, a tiny component). It then continues from a fresh start node
+not yet in the batch:
 
 - BFS / DFS: as soon as the queue / stack is empty;
 - RW: at a node without neighbours;
@@ -32,10 +29,11 @@ walk then continues from a fresh start node not yet in the batch:
   Algorithm 3 exactly unless their reachable set is exhausted (or an item
   takes over ~10^5 idle steps to reach).
 
-Duplicate keys (``key_ids``; samplers' ``duplicate_keys``): an item whose key is already
-in the batch is never added; walks pass through it (it counts as an idle step) and fresh
-starts skip it, so the argument below holds with "items" read as "keys" (at least B
-distinct keys are required).
+Duplicate keys (``key_ids``, or key sets ``key_sets``; samplers' ``duplicate_keys``): an item
+holding a key already in the batch is never added; walks pass through it (an idle step) and
+fresh starts skip it, so the argument below holds with "items" read as "keys" (B distinct keys
+are required). With key sets, a fresh start that finds every item left in conflict takes one
+anyway (``WalkState.fallbacks``; ruled out by the samplers' check unless keys are dense).
 
 Each fresh start adds one item, so a batch needs at most B starts and every
 call terminates. Start nodes are taken from a per-epoch random order of the
@@ -109,27 +107,34 @@ def _row_degrees(neighbors: np.ndarray) -> np.ndarray:
 
 
 @njit(inline="always", cache=True)
-def _free(v, stamp, sid, key_of, key_stamp):
-    """Whether item ``v`` may join batch ``sid``: not in it, and no item of its key is."""
-    if stamp[v] == sid:
+def _free(v, stamp, sid, keys):
+    """Whether item ``v`` may join batch ``sid``: not in it, nor any of its keys (``keys``: the
+    CSR key_ptr, key_idx of each item's key ids, key_stamp, fallbacks)."""
+    if stamp[v] == sid:  # (an if: numba compiles `a and f()` into much slower code here)
         return False
-    k = key_of[v]
-    return k < 0 or key_stamp[k] != sid
+    return _keys_free(v, sid, keys)
 
 
 @njit(inline="always", cache=True)
-def _take(v, b, count, out, stamp, sid, seen, key_of, key_stamp):
-    """Put item ``v`` at ``out[b, count]`` and mark it (and its key) as in batch ``sid``."""
+def _keys_free(v, sid, keys):
+    for e in range(keys[0][v], keys[0][v + 1]):
+        if keys[2][keys[1][e]] == sid:
+            return False
+    return True
+
+
+@njit(inline="always", cache=True)
+def _take(v, b, count, out, stamp, sid, seen, keys):
+    """Put item ``v`` at ``out[b, count]`` and mark it (and its keys) as in batch ``sid``."""
     out[b, count] = v
     stamp[v] = sid
     seen[v] = 1
-    k = key_of[v]
-    if k >= 0:
-        key_stamp[k] = sid
+    for e in range(keys[0][v], keys[0][v + 1]):
+        keys[2][keys[1][e]] = sid
 
 
 @njit(inline="always", cache=True)
-def _fresh_start(seen, start_order, ptr, stamp, stamp_id, state, key_of, key_stamp):
+def _fresh_start(seen, start_order, ptr, stamp, stamp_id, state, keys):
     """Next start node: first not-yet-seen item in the epoch order, else a random one not in
     the batch (items whose key is in the batch are passed over, and stay in the order)."""
     n = start_order.shape[0]
@@ -139,23 +144,28 @@ def _fresh_start(seen, start_order, ptr, stamp, stamp_id, state, key_of, key_sta
     ptr[0] = p
     while p < n:
         v = start_order[p]
-        if seen[v] == 0 and _free(v, stamp, stamp_id, key_of, key_stamp):
+        if seen[v] == 0 and _free(v, stamp, stamp_id, keys):
             return v
         p += 1
     for _ in range(64):
         v = rand_below(state, n)
-        if _free(v, stamp, stamp_id, key_of, key_stamp):
+        if _free(v, stamp, stamp_id, keys):
             return v
     off = rand_below(state, n)
     for i in range(n):
         v = (off + i) % n
-        if _free(v, stamp, stamp_id, key_of, key_stamp):
+        if _free(v, stamp, stamp_id, keys):
             return v
-    return -1  # unreachable while the batch holds fewer keys than the items
+    for i in range(n):  # every item left conflicts with the batch (dense key sets only)
+        v = (off + i) % n
+        if stamp[v] != stamp_id:
+            keys[3][0] += 1
+            return v
+    return -1  # unreachable: a batch holds fewer items than N
 
 
 @njit(cache=True)
-def _reachable_new(neighbors, deg, root, stamp, sid, mark, mark_id, queue, key_of, key_stamp):
+def _reachable_new(neighbors, deg, root, stamp, sid, mark, mark_id, queue, keys):
     """True if some item that may join the batch is reachable from ``root`` (through items
     in the batch or blocked by their key, which the walk passes through)."""
     head = 0
@@ -167,7 +177,7 @@ def _reachable_new(neighbors, deg, root, stamp, sid, mark, mark_id, queue, key_o
         head += 1
         for j in range(deg[v]):
             w = neighbors[v, j]
-            if _free(w, stamp, sid, key_of, key_stamp):
+            if _free(w, stamp, sid, keys):
                 return True
             if mark[w] != mark_id:
                 mark[w] = mark_id
@@ -179,12 +189,12 @@ def _reachable_new(neighbors, deg, root, stamp, sid, mark, mark_id, queue, key_o
 @njit(cache=True)
 def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                seen, start_order, ptr, stamp, stamp_base, first, mark, mark_next, out,
-               key_of, key_stamp):
+               keys):
     """Fill ``out[b]`` (b < len(seeds)) with one walk batch each; updates ``seen`` and ``ptr``.
 
-    ``first[b] >= 0`` fixes the start node of batch b; -1 draws it. ``key_of`` [N]: the
-    duplicate-key id of each item (-1: none); an item whose key is already in the batch is
-    never added (the walk passes through it). ``key_stamp`` [number of keys]: scratch.
+    ``first[b] >= 0`` fixes the start node of batch b; -1 draws it. ``keys``: see
+    :func:`_free`; an item holding a key already in the batch is never added (the walk
+    passes through it) unless no other item is left (``fallbacks`` counts those).
     """
     state = np.empty(1, np.uint64)
     queue = np.empty(0, np.int64)
@@ -197,8 +207,8 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
         alpha = restarts[b]
         count = 0
         u = first[b] if first[b] >= 0 else _fresh_start(seen, start_order, ptr, stamp, sid,
-                                                         state, key_of, key_stamp)
-        _take(u, b, count, out, stamp, sid, seen, key_of, key_stamp)
+                                                         state, keys)
+        _take(u, b, count, out, stamp, sid, seen, keys)
         count += 1
         if kind <= 1:  # rwr / rw
             v = u
@@ -215,8 +225,8 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                         jump = True
                 else:
                     v = neighbors[v, rand_below(state, deg[v])]
-                if not jump and _free(v, stamp, sid, key_of, key_stamp):
-                    _take(v, b, count, out, stamp, sid, seen, key_of, key_stamp)
+                if not jump and _free(v, stamp, sid, keys):
+                    _take(v, b, count, out, stamp, sid, seen, keys)
                     count += 1
                     idle = 0
                     continue
@@ -228,16 +238,15 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                         mark_next[0] += 1
                         root = u if kind == 0 else v
                         if _reachable_new(neighbors, deg, root, stamp, sid, mark, mark_next[0],
-                                          queue, key_of, key_stamp):
+                                          queue, keys):
                             cur_patience *= 2
                             idle = 0
                             continue
                     jump = True
                 if jump:
                     cur_patience = patience
-                    u = _fresh_start(seen, start_order, ptr, stamp, sid, state, key_of,
-                                     key_stamp)
-                    _take(u, b, count, out, stamp, sid, seen, key_of, key_stamp)
+                    u = _fresh_start(seen, start_order, ptr, stamp, sid, state, keys)
+                    _take(u, b, count, out, stamp, sid, seen, keys)
                     count += 1
                     v = u
                     idle = 0
@@ -249,15 +258,14 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                     head += 1
                     for j in range(deg[v]):
                         w = neighbors[v, j]
-                        if _free(w, stamp, sid, key_of, key_stamp):
-                            _take(w, b, count, out, stamp, sid, seen, key_of, key_stamp)
+                        if _free(w, stamp, sid, keys):
+                            _take(w, b, count, out, stamp, sid, seen, keys)
                             count += 1
                             if count == batch_size:
                                 break
                 else:
-                    w = _fresh_start(seen, start_order, ptr, stamp, sid, state, key_of,
-                                     key_stamp)
-                    _take(w, b, count, out, stamp, sid, seen, key_of, key_stamp)
+                    w = _fresh_start(seen, start_order, ptr, stamp, sid, state, keys)
+                    _take(w, b, count, out, stamp, sid, seen, keys)
                     count += 1
         else:  # dfs
             sp = 0
@@ -267,8 +275,7 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
             sp = 1
             while count < batch_size:
                 if sp == 0:
-                    w = _fresh_start(seen, start_order, ptr, stamp, sid, state, key_of,
-                                     key_stamp)
+                    w = _fresh_start(seen, start_order, ptr, stamp, sid, state, keys)
                 else:
                     top = sp - 1
                     v = stack_node[top]
@@ -277,13 +284,13 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                     while stack_pos[top] < d:
                         cand = neighbors[v, (stack_off[top] + stack_pos[top]) % d]
                         stack_pos[top] += 1
-                        if _free(cand, stamp, sid, key_of, key_stamp):
+                        if _free(cand, stamp, sid, keys):
                             w = cand
                             break
                     if w < 0:
                         sp -= 1
                         continue
-                _take(w, b, count, out, stamp, sid, seen, key_of, key_stamp)
+                _take(w, b, count, out, stamp, sid, seen, keys)
                 count += 1
                 stack_node[sp] = w
                 stack_pos[sp] = 0
@@ -292,39 +299,33 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
 
 
 @njit(cache=True)
-def _key_free(anchor, candidates, count, key_of, key_stamp, sid, out):
-    """``out[0] = anchor``, then the first candidates whose key is not yet in ``out``, until
+def _key_free(anchor, candidates, count, keys, sid, out):
+    """``out[0] = anchor``, then the first candidates sharing no key with ``out``, until
     ``count`` items; returns how many were placed."""
     placed = 1
     out[0] = anchor
-    if key_of[anchor] >= 0:
-        key_stamp[key_of[anchor]] = sid
+    for e in range(keys[0][anchor], keys[0][anchor + 1]):
+        keys[2][keys[1][e]] = sid
     for c in range(candidates.shape[0]):
         if placed == count:
             break
         v = candidates[c]
-        k = key_of[v]
-        if k >= 0:
-            if key_stamp[k] == sid:
-                continue
-            key_stamp[k] = sid
+        if not _keys_free(v, sid, keys):
+            continue
+        for e in range(keys[0][v], keys[0][v + 1]):
+            keys[2][keys[1][e]] = sid
         out[placed] = v
         placed += 1
     return placed
-
-
-@njit(cache=True)
-def _next_start(seen, start_order, ptr, stamp, stamp_id, state, key_of, key_stamp):
-    return _fresh_start(seen, start_order, ptr, stamp, stamp_id, state, key_of, key_stamp)
 
 
 class WalkState:
     """Per-epoch bookkeeping shared by consecutive walk batches.
 
     Holds the epoch's random start order, the pointer into it, the ``seen``
-    mask (coverage), the items' duplicate-key ids (``key_ids``: int64 [N], -1 for an item
-    whose key no other item holds; None: no keys) and scratch space. ``coverage`` is the
-    share of items that appeared in a batch this epoch.
+    mask (coverage), the items' keys (``key_ids``: int64 [N], -1 for an item whose key no
+    other item holds; or ``key_sets``: the CSR ``(ptr, idx)`` of each item's key ids; None: no
+    keys) and scratch space. ``coverage`` is the share of items seen this epoch.
 
     Example:
         >>> from hardbatch.walks import WalkState
@@ -336,7 +337,7 @@ class WalkState:
     """
 
     def __init__(self, num_items: int, seed: int, epoch: int,
-                 key_ids: np.ndarray | None = None) -> None:
+                 key_ids: np.ndarray | None = None, key_sets=None) -> None:
         self.num_items = num_items
         self.start_order = _rng.permutation(num_items, _rng.derive_seed(seed, epoch, 0x57A27))
         self.ptr = np.zeros(1, np.int64)
@@ -345,9 +346,12 @@ class WalkState:
         self._stamp_next = 0
         self._mark = np.full(num_items, -1, np.int64)
         self._mark_next = np.zeros(1, np.int64)
-        self.key_ids = (np.full(num_items, -1, np.int64) if key_ids is None
-                        else np.ascontiguousarray(key_ids, np.int64))
-        self._key_stamp = np.full(max(1, int(self.key_ids.max()) + 1), -1, np.int64)
+        if key_sets is None:  # one key id per item (-1: none) as a CSR of its key ids
+            ids = np.full(num_items, -1, np.int64) if key_ids is None else np.asarray(key_ids)
+            key_sets = (np.concatenate([[0], np.cumsum(ids >= 0)]), ids[ids >= 0])
+        ptr, idx = (np.ascontiguousarray(a, np.int64) for a in key_sets)
+        self.fallbacks = np.zeros(1, np.int64)  # items taken though they conflict (dense keys)
+        self.keys = (ptr, idx, np.full(int(idx.max(initial=0)) + 1, -1, np.int64), self.fallbacks)
 
     @property
     def coverage(self) -> float:
@@ -368,15 +372,20 @@ class WalkState:
 
     def next_start(self, seed: int) -> int:
         """A start node (anchor): the next unseen item of the epoch order, else a random item."""
-        return int(_next_start(self.seen, self.start_order, self.ptr, self._stamp, self._sid(),
-                               _rng.new_state(seed), self.key_ids, self._key_stamp))
+        return int(_fresh_start(self.seen, self.start_order, self.ptr, self._stamp, self._sid(),
+                               _rng.new_state(seed), self.keys))
 
     def key_free(self, anchor: int, candidates: np.ndarray, count: int) -> np.ndarray:
-        """``anchor``, then the first ``candidates`` whose duplicate key is not yet taken, up
-        to ``count`` items (fewer if the candidates run out)."""
+        """``anchor``, then the first ``candidates`` whose keys are not yet taken, up to
+        ``count`` items (fewer if the candidates run out; given all N - 1 other items, the
+        nearest conflicting ones complete the batch, counted in ``fallbacks``)."""
         out = np.empty(count, np.int64)
         placed = _key_free(anchor, np.ascontiguousarray(candidates, np.int64), count,
-                           self.key_ids, self._key_stamp, self._sid(), out)
+                           self.keys, self._sid(), out)
+        if placed < count and len(candidates) >= self.num_items - 1:  # the rest all conflict
+            rest = candidates[~np.isin(candidates, out[:placed])][:count - placed]
+            out[placed:placed + len(rest)], placed = rest, placed + len(rest)
+            self.fallbacks[0] += 1
         return out[:placed]
 
     def walk(self, neighbors: np.ndarray, deg: np.ndarray, batch_size: int, kind: int,
@@ -389,7 +398,7 @@ class WalkState:
         _walk_many(neighbors, deg, batch_size, kind, np.ascontiguousarray(restarts, np.float64),
                    np.ascontiguousarray(seeds, np.uint64), patience, self.seen, self.start_order,
                    self.ptr, self._stamp, self._stamp_next, first, self._mark, self._mark_next,
-                   out, self.key_ids, self._key_stamp)
+                   out, self.keys)
         self._stamp_next += len(seeds)
         return out
 

@@ -42,25 +42,26 @@ def digits_files(tmp_path_factory):
     return root, x, y
 
 
-def test_inspect_on_digits_writes_table_json_and_plot(digits_files, tmp_path):
+def test_inspect_on_digits_writes_table_json_and_plot(digits_files, tmp_path, capsys):
+    """In process (``python -m hardbatch.inspect_cli`` runs in test_bad_input_through_python_m)."""
     root, x, _y = digits_files
     out = tmp_path / "report"
-    res = run_cli(root / "x.npy", "--labels", root / "y.npy", "--batch-size", 128,
-                  "--batches", 8, "--candidates", 500, "--neighbors", 50, "--out", out,
-                  "--loss-gap")
+    res = run_main(capsys, root / "x.npy", "--labels", root / "y.npy", "--batch-size", 128,
+                   "--batches", 8, "--candidates", 500, "--neighbors", 50, "--out", out,
+                   "--loss-gap")
     assert res.returncode == 0, res.stderr
     table = [ln for ln in res.stdout.splitlines() if ln.startswith("|")]
     assert table[0].startswith("| sampler | batches | B | hardness | mean neg. sim | FN rate |")
-    assert len(table) == 2 + 4  # header, rule, one row per sampler
-    assert [row.split("|")[1].strip().split(" ")[0] for row in table[2:]] == [
-        "uniform", "knn", "proximity", "gcbs"]
+    names = list(parse_names("all", "sampler"))  # the registry's samplers, in its order
+    assert len(table) == 2 + len(names)  # header, rule, one row per sampler
+    assert [row.split("|")[1].strip().split(" ")[0] for row in table[2:]] == names
     for name in ("inspect.json", "inspect.md", "similarity_histograms.png"):
         assert (out / name).stat().st_size > 0
     assert (out / "similarity_histograms.png").read_bytes()[:4] == b"\x89PNG"
     report = json.loads((out / "inspect.json").read_text())
     assert report["num_items"] == len(x) and report["dim"] == 64 and report["num_classes"] == 10
     stats = report["samplers"]
-    assert set(stats) == {"uniform", "knn", "proximity", "gcbs"}
+    assert set(stats) == set(names)
     for name, row in stats.items():
         assert row["batches"] == 8 and row["batch_size"] == 128
         assert sum(row["histogram"]["counts"]) > 0
@@ -72,7 +73,14 @@ def test_inspect_on_digits_writes_table_json_and_plot(digits_files, tmp_path):
     assert stats["knn"]["false_negative_rate"] > 2 * stats["uniform"]["false_negative_rate"]
     assert stats["knn"]["hardness"] > stats["uniform"]["hardness"]
     assert stats["uniform"]["coverage"] == pytest.approx(min(1.0, 8 * 128 / len(x)), abs=1e-3)
-    assert (out / "inspect.md").read_text().count("\n|") == 6
+    assert (out / "inspect.md").read_text().count("\n|") == 2 + len(names)
+    # issue 35.5: a legend line per column, in the output, inspect.md and inspect.json
+    header = [c.strip() for c in table[0].strip("|").split("|")][1:]
+    assert list(report["legend"]) == header
+    for name in header:
+        line = f"- {name}: {report['legend'][name]}"
+        assert line in res.stdout.splitlines() and line in (out / "inspect.md").read_text()
+    assert any(n.startswith("8 batches of B = 128 are 0.53 of an epoch (15 batches)") for n in report["notes"])
 
 
 def test_inspect_matches_the_metrics_on_the_same_batches(digits_files, tmp_path, capsys):
@@ -252,3 +260,34 @@ def test_add_inspect_parser_registers_subcommand(digits_files, tmp_path, capsys)
     bad = parser.parse_args(["inspect", str(tmp_path / "missing.npy")])
     assert bad.func(bad) == 2
     assert "embeddings file not found" in capsys.readouterr().err
+
+
+def test_inspect_defaults_to_one_epoch_and_explains_a_zero_loss_gap(tmp_path, capsys):
+    """issue 35.5: the default draws one epoch (ceil(N / B) batches, so coverage is one epoch's),
+    and at t = 0.05 the loss gap (each item its own positive: every loss about exp(-(1 - cos) /
+    t)) prints in 3 significant digits with a note saying why it is near 0, not as 0.000."""
+    x = np.random.default_rng(0).standard_normal((1000, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    res = run_main(capsys, tmp_path / "x.npy", "--sampler", "uniform,knn", "--batch-size", 128,
+                   "--loss-gap", "--temperature", "0.05", "--out", tmp_path / "o")
+    assert res.returncode == 0, res.stderr
+    report = json.loads((tmp_path / "o" / "inspect.json").read_text())
+    assert report["parameters"]["batches"] == 8  # ceil(1000 / 128)
+    assert report["samplers"]["uniform"]["coverage"] == 1.0
+    assert report["samplers"]["knn"]["coverage"] < 0.9  # a walk sampler's epoch
+    notes = report["notes"]
+    assert notes[0].startswith("8 batches of B = 128 = one epoch of N = 1000 items")
+    assert any("walk samplers (knn, proximity)" in n for n in notes)
+    gap = report["samplers"]["uniform"]["loss_gap"]
+    assert 0 < gap < 5e-4  # printed as 0.000 before
+    uniform_row = next(ln for ln in res.stdout.splitlines() if ln.startswith("| uniform |"))
+    assert uniform_row.endswith(f"| {gap:.2e} |")  # not "| 0.000 |"
+    (why,) = [n for n in notes if n.startswith("every loss gap is below 0.0005")]
+    assert "its own positive (cosine 1)" in why and "--temperature 0.2" in why
+    assert "note: " + why in res.stdout
+    # more batches than an epoch: said, with the one-epoch value to use
+    res = run_main(capsys, tmp_path / "x.npy", "--sampler", "uniform", "--batch-size", 128,
+                   "--batches", 20, "--out", tmp_path / "o")
+    notes = json.loads((tmp_path / "o" / "inspect.json").read_text())["notes"]
+    assert notes[0].startswith("20 batches of B = 128 span 2.5 epochs") and "--batches 8" in notes[0]
+    assert not any("loss gap" in n for n in notes)

@@ -12,6 +12,8 @@ import pytest
 import hardbatch as hb
 from hardbatch.metrics import batch_false_negative_rate, batch_hardness
 
+pytestmark = pytest.mark.slow  # statistical, on real data: `pytest -m "not slow"` skips it
+
 
 @pytest.fixture(scope="module")
 def batch_statistics(mnist_pca):

@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 SAMPLER_TITLES = {"uniform": "uniform", "knn": "kNN", "proximity": "proximity graph (RWR)",
-                  "gcbs": "GCBS"}
+                  "gcbs": "GCBS", "cluster": "cluster (TAS-B)", "community": "community (B3)"}
 
 #: The table's columns: (header, what it is and which way is better).
 COLUMNS = (
@@ -311,7 +311,7 @@ def _run_demo(cfg: DemoConfig, echo: Callable[[str], None]) -> dict:
     for name in cfg.samplers:
         row = _run_one(name, cfg, data)
         rows.append(row)
-        echo(f"  {SAMPLER_TITLES[name]:<22} kNN acc {row['knn_accuracy']:.3f}, "
+        echo(f"  {SAMPLER_TITLES.get(name, name):<22} kNN acc {row['knn_accuracy']:.3f}, "
              f"false-neg rate {row['false_negative_rate']:.3f}  ({row['wall_seconds']:.1f} s)")
     table = markdown_table(rows)
     echo("")

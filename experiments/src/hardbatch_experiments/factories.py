@@ -24,6 +24,8 @@ SAMPLER_SETTINGS: dict[str, tuple[str, ...]] = {
     "knn": ("refresh_every", "seed"),
     "proximity": ("candidates", "neighbors", "restart", "refresh_every", "epochs", "seed"),
     "gcbs": ("quantile", "seed"),
+    "cluster": ("seed",),
+    "community": ("seed",),
 }
 #: The recipe settings each loss takes (besides the temperature and ``form``).
 LOSS_SETTINGS: dict[str, tuple[str, ...]] = {

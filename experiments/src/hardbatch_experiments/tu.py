@@ -256,7 +256,7 @@ def load_tu(name: str, data_dir: str | os.PathLike | None = None, *,
         cache_path = tu_cache_dir(cache_dir) / name / f"processed-{key}.pt"
         if cache_path.is_file():
             try:
-                state = torch.load(cache_path, weights_only=False)
+                state = torch.load(cache_path, weights_only=True)  # tensors, str, ints only
                 return TUGraphs(name, **state)
             except Exception:  # a torn or incompatible cache file: rebuild it
                 pass

@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .._device import resolve_device
 from .pyg_augment import AUGMENTATIONS, augment, augment_batch, augment_released
 
 __all__ = ["AUGMENTATIONS", "IndexedGraphDataset", "augment", "augment_batch",
@@ -146,6 +147,7 @@ def graph_embeddings(
     """
     from torch_geometric.loader import DataLoader
 
+    device = resolve_device(device)
     was_training = model.training
     model.eval()
     try:
@@ -185,6 +187,7 @@ def embedding_source(
         >>> source().shape, len(hb.UniformBatchSampler(len(graphs), 2))
         (torch.Size([4, 8]), 2)
     """
+    device = resolve_device(device)
     return lambda: graph_embeddings(model, dataset, batch_size, device)
 
 

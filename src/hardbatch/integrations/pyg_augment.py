@@ -17,6 +17,7 @@ from numba import njit
 from torch import Tensor
 
 from .._rng import rand_below
+from .._validation import check_generator
 
 __all__ = ["AUGMENTATIONS", "AUGS", "augment", "augment_batch", "augment_released",
            "released_self_loops"]
@@ -360,7 +361,7 @@ def augment_batch(batch, ratio: float = 0.2, generator: torch.Generator | None =
     """
     from torch_geometric.data import Batch
 
-    if generator is None:
+    if check_generator(generator) is None:
         generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))
     if batch.x is None:
         raise ValueError("augment_batch needs node features batch.x (e.g. one-hot node labels or "

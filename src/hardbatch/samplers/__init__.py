@@ -12,20 +12,29 @@ embeddings, by way of the :class:`Builder` protocol). Modules:
   distributed builds);
 * ``embedding_sampler``: :class:`EmbeddingSampler`, the base of the three samplers below;
 * ``duplicates``: ``duplicate_keys`` (items with equal keys never share a batch): encoding,
-  feasibility checks and the repair of partitions;
-* one module per sampler: ``uniform``, ``proximity``, ``knn``, ``gcbs_sampler``.
+  feasibility checks and the repair of partitions; ``conflicts``: key sets (items conflict
+  when their sets meet: no text of a row twice in a batch), as pure array functions;
+* ``single_source``: :class:`SingleSourceBatchSampler`, a composite drawing each batch from
+  one of several sources (by size, temperature or weights) with any sampler inside;
+* one module per sampler: ``uniform``, ``proximity``, ``knn``, ``gcbs_sampler``, ``cluster``
+  (TAS-B), ``community`` (B3).
 
 Inheritance: ``torch.utils.data.Sampler`` > ``PlanSampler`` > ``UniformBatchSampler`` |
-``EmbeddingSampler`` > ``ProximityGraphSampler`` | ``KNNBatchSampler`` | ``GCBSSampler``.
+``EmbeddingSampler`` > ``ProximityGraphSampler`` | ``KNNBatchSampler`` | ``GCBSSampler`` |
+``ClusterBatchSampler`` | ``CommunityBatchSampler``.
 """
 
 from .base import PlanSampler
+from .cluster import ClusterBatchSampler
+from .community import CommunityBatchSampler
 from .embedding_sampler import EmbeddingSampler
 from .gcbs_sampler import GCBSSampler
 from .knn import KNNBatchSampler
 from .proximity import ProximityGraphSampler
 from .refresh import Builder
+from .single_source import SingleSourceBatchSampler
 from .uniform import UniformBatchSampler
 
-__all__ = ["Builder", "EmbeddingSampler", "GCBSSampler", "KNNBatchSampler", "PlanSampler",
-           "ProximityGraphSampler", "UniformBatchSampler"]
+__all__ = ["Builder", "ClusterBatchSampler", "CommunityBatchSampler", "EmbeddingSampler",
+           "GCBSSampler", "KNNBatchSampler", "PlanSampler",
+           "ProximityGraphSampler", "SingleSourceBatchSampler", "UniformBatchSampler"]

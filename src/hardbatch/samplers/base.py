@@ -17,7 +17,10 @@ Every sampler of :mod:`hardbatch.samplers` is a :class:`PlanSampler`:
   it; ``consumed`` equal to the epoch's length (or omitted then) resumes at the next
   epoch. The state of any rank resumes every rank (it holds the pending batches of all
   ranks); it holds only tensors, numbers, strings, lists and dicts
-  (``torch.load(weights_only=True)`` reads it).
+  (``torch.load(weights_only=True)`` reads it), the sampler's kind (class name), the settings
+  that shape its batches (``_settings``) and a SHA-256 checksum; loading a state of another
+  kind or other settings, with missing keys, or whose checksum does not match (corrupted)
+  raises ``ValueError``.
 * Distributed: ``rank`` / ``world_size`` default to torch.distributed's when
   it is initialised. All ranks compute the same global plan of
   ``ceil(ceil(N/B) / W) * W`` batches (padded with extra batches, like
@@ -46,7 +49,9 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from .._integrity import INTEGRITY_KEY, digest, seal, verify, warn_legacy
 from .._validation import check_int
+from ..data import warn_if_loader_items_lack_index
 from .duplicates import DuplicateKeys, check_partition_keys, check_walk_keys, encode_keys
 from .prefetch import PrefetchThread, Step
 
@@ -68,6 +73,34 @@ def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]
     if rank >= world_size:
         raise ValueError(f"rank={rank} must be smaller than world_size={world_size}")
     return rank, world_size
+
+
+def _setting(value):
+    """A setting as recorded in a state: numbers, strings and None as they are, a schedule or
+    another object by its ``repr`` (dataclasses: their fields), a device by its name."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [_setting(v) for v in value]
+    if isinstance(value, torch.device):
+        return str(value)
+    if type(value).__repr__ is object.__repr__:
+        return type(value).__name__
+    return repr(value)
+
+
+def _check_keys(state: dict, keys) -> None:
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise ValueError(f"state is missing {', '.join(map(repr, missing))}: it is not a whole "
+                         "state_dict() of a hardbatch sampler (or it is corrupted); pass the dict "
+                         "that state_dict() returned (or a torch.load of it)")
+
+
+def _shown(value) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 class PlanSampler(Sampler[list[int]]):
@@ -94,7 +127,11 @@ class PlanSampler(Sampler[list[int]]):
         ([16, 16, 8], 1)
     """
 
-    _settings = ("num_items", "batch_size", "world_size", "seed", "drop_last", "global_batch")
+    # Attributes that shape the batches: recorded in every state, which loads only into a sampler
+    # of the same kind with equal values. Subclasses extend it with their options.
+    _settings = ("num_items", "batch_size", "world_size", "seed", "drop_last", "global_batch",
+                 "duplicate_keys_digest")
+    _state_keys = ("kind", "epoch", "step", "generator")  # also one of pending_plan / pending
     batches_partition = True  # whether an epoch's batches partition the items (else: walks, kNN)
 
     def __init__(self, num_items: int, batch_size: int, *, drop_last: bool, seed: int,
@@ -129,6 +166,16 @@ class PlanSampler(Sampler[list[int]]):
         self.prefetch = check_int(prefetch, "prefetch", low=0)
         self.prefetcher = PrefetchThread(self.prefetch) if self.prefetch else None
         self._finished: tuple[int, int] | None = None  # (epoch, steps) of an iteration just done
+
+    @property
+    def duplicate_keys_digest(self) -> str | None:
+        """A digest of ``duplicate_keys`` (which items share a key), None without keys."""
+        keys = self.duplicate_keys
+        if keys is None or not keys.any:
+            return None
+        if getattr(self, "_keys_digest", None) is None:
+            self._keys_digest = digest(torch.from_numpy(np.ascontiguousarray(keys.ids)))[:16]
+        return self._keys_digest
 
     # -- plan geometry -------------------------------------------------
     def _check_geometry(self) -> None:
@@ -216,9 +263,7 @@ class PlanSampler(Sampler[list[int]]):
         of the epoch's first batch (whose keys it lacks), as DistributedSampler pads."""
         first = np.asarray(self._generate(0, global_step))
         if self.duplicate_keys is not None:
-            ids = self.duplicate_keys.ids
-            taken = ids[batch]
-            first = first[(ids[first] < 0) | ~np.isin(ids[first], taken[taken >= 0])]
+            first = self.duplicate_keys.compatible(first, batch)
         return np.concatenate([batch, first[:self.world_size - len(batch)]])
 
     def _rank_batch(self, plan: Step) -> list[int]:
@@ -236,6 +281,7 @@ class PlanSampler(Sampler[list[int]]):
             self.prefetcher.advance(global_step)
 
     def __iter__(self) -> Iterator[list[int]]:
+        warn_if_loader_items_lack_index(self)  # a DataLoader over items without their index
         # A new iteration supersedes any earlier one: stop its prefetch thread first.
         if self.prefetcher is not None:
             self.prefetcher.begin()
@@ -321,8 +367,8 @@ class PlanSampler(Sampler[list[int]]):
         planned = self.prefetcher.planned() if self._active and self.prefetcher is not None else []
         planned = (list(self._replay) if self._active else []) + planned
         steps += planned
-        state = {key: getattr(self, key) for key in self._settings}
-        state.update(epoch=epoch, step=consumed, rank=self.rank,
+        state = {key: _setting(getattr(self, key)) for key in self._settings}
+        state.update(kind=type(self).__name__, epoch=epoch, step=consumed, rank=self.rank,
                      generator=self._generator_state(
                          mid_epoch=bool(active and (yielded or planned))))
         if all(b is not None for plan in steps for b in plan):
@@ -332,19 +378,46 @@ class PlanSampler(Sampler[list[int]]):
         else:  # replaying a checkpoint of an older version, which held this rank's batches only
             state["pending"] = [torch.from_numpy(np.array(plan[self.rank], np.int64))
                                 for plan in steps]
-        return state
+        return seal(state, "sampler state")
+
+    def _check_state(self, state: dict) -> None:
+        """``ValueError`` unless ``state`` is a whole, uncorrupted state of a sampler of this
+        kind and settings (a state without checksum, from an older version: one warning)."""
+        if not isinstance(state, dict):
+            raise ValueError(f"state must be the dict of a sampler's state_dict(), got "
+                             f"{type(state).__name__}")
+        legacy = INTEGRITY_KEY not in state and "kind" not in state  # older versions wrote neither
+        mine = type(self).__name__
+        kind = state.get("kind", mine)
+        if kind != mine and (not isinstance(kind, str)
+                             or kind not in {c.__name__ for c in type(self).__mro__}):
+            verify(state, "sampler state")  # a corrupted name is reported as such
+            raise ValueError(f"state was saved by a {kind} but this sampler is a {mine}; load "
+                             f"it into a {kind} constructed with the same options")
+        # older states lack "kind" and some settings: those are not compared
+        required = [k for k in self._state_keys if not (legacy and k == "kind")]
+        if "pending_plan" not in state and "pending" not in state:
+            required.append("pending_plan")
+        _check_keys(state, required + ([] if legacy else [*self._settings, INTEGRITY_KEY]))
+        if legacy:
+            warn_legacy("sampler", "a sampler state", stacklevel=4)
+        else:
+            verify(state, "sampler state")
+        diffs = [(key, state[key], _setting(getattr(self, key))) for key in self._settings
+                 if key in state and state[key] != _setting(getattr(self, key))]
+        if diffs:
+            saved = ", ".join(f"{k}={_shown(v)}" for k, v, _ in diffs)
+            have = ", ".join(f"{k}={_shown(v)}" for k, _, v in diffs)
+            raise ValueError(f"state was saved with {saved} but this sampler has {have}; "
+                             "construct it with the same value"
+                             + ("s" if len(diffs) > 1 else ""))
 
     def load_state_dict(self, state: dict) -> None:
         """Resume: the next iteration yields exactly the remaining batches of the saved epoch.
 
         A state saved on any rank resumes any rank (same world size).
         """
-        for key in self._settings:
-            if key not in state:  # saved before this setting was recorded
-                continue
-            if state[key] != getattr(self, key):
-                raise ValueError(f"state was saved with {key}={state[key]} but this sampler has "
-                                 f"{key}={getattr(self, key)}; construct it with the same value")
+        self._check_state(state)
         w = self.plan_width
         if "pending_plan" in state:
             flat = [np.asarray(b, dtype=np.int64) for b in state["pending_plan"]]

@@ -1,8 +1,11 @@
 """Duplicate keys: items with equal keys (copies of one text, one passage) never share a batch.
 
-A sampler's ``duplicate_keys=`` is a length-N sequence of hashable keys; :func:`encode_keys`
-turns it once into int64 key ids (``-1`` for an item whose key no other item holds).
-Samplers enforce "no key twice in a batch" where they build batches:
+A sampler's ``duplicate_keys=`` is a length-N sequence of hashable keys (equal keys never
+share a batch), or of key SETS (``set`` / ``frozenset`` per item, an int array ``[N, C]`` of C
+key values per item, or a prebuilt :class:`DuplicateKeys`): then two items conflict when their
+sets meet (:mod:`hardbatch.samplers.conflicts`: no text of a row twice in a batch).
+:func:`encode_keys` turns it once into the CSR of each item's shared key ids (keys no other
+item holds are dropped). Samplers enforce "no key twice in a batch" where they build batches:
 
 * walks and kNN batches (:mod:`hardbatch.walks`) skip an item whose key is already in the
   batch (the walk moves on; the kNN batch takes the next neighbour); possible whenever the
@@ -10,7 +13,9 @@ Samplers enforce "no key twice in a batch" where they build batches:
 * partitions (uniform, GCBS) are repaired by :func:`separate_keys`: a clashing item swaps
   places with an item of the nearest batch (in the order) that lacks its key. Possible
   exactly when the Gale-Ryser condition of :func:`check_partition_keys` holds (then a
-  swap-free construction is the fallback of the rare repair that gets stuck).
+  swap-free construction is the fallback of the rare repair that gets stuck). Key sets:
+  the count of every key must not exceed the batches, a trial repair runs at construction,
+  and :func:`~hardbatch.samplers.conflicts.greedy_partition` is the fallback.
 
 :func:`shared_value_keys` derives keys from rows of several values (the texts of a row) so
 that two rows sharing any value get the same key, as sentence-transformers'
@@ -21,7 +26,6 @@ that two rows sharing any value get the same key, as sentence-transformers'
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -29,22 +33,28 @@ from numba import njit
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from .. import _rng
 from .._logging import get_logger
 from .._validation import as_embeddings, check_choice, check_real
 from ..gcbs import thresholded_pairs
+from .conflicts import closed_neighbourhood_bound, free_of, greedy_independent, \
+    greedy_partition, item_keys, key_sets, set_keys, shared_value_keys  # noqa: F401
 
 __all__ = ["DuplicateKeys", "check_partition_keys", "check_walk_keys", "encode_keys",
            "near_duplicate_keys", "separate_keys", "shared_value_keys"]
 
 
 class DuplicateKeys:
-    """Encoded duplicate keys of N items.
+    """Encoded duplicate keys of N items: per item, the ids of its keys held by 2+ items.
 
     Attributes:
-        ids: int64 [N], the key id of each item (``-1``: no other item holds its key).
+        ptr, idx: the CSR of the items' key ids (item i holds ``idx[ptr[i]:ptr[i + 1]]``).
+        sets: whether items hold key sets (conflicts) rather than one key each.
+        ids: int64 [N], one key per item: its key id (``-1``: no other item holds its key);
+            with ``sets``, the first key id of each item.
         values: the original key of each id (for messages).
         counts: int64 [number of ids], items per key id (each >= 2).
-        classes: distinct keys among the items (unique items count one each).
+        classes: single keys: distinct keys among the items (unique items count one each).
 
     Example:
         >>> from hardbatch.samplers.duplicates import encode_keys
@@ -53,20 +63,40 @@ class DuplicateKeys:
         ([0, -1, 0, -1], ['a'], 3, True)
     """
 
-    def __init__(self, ids: np.ndarray, values: list) -> None:
-        self.ids, self.values = ids, values
-        self.counts = np.bincount(ids[ids >= 0], minlength=len(values)).astype(np.int64)
-        self.classes = int((ids < 0).sum()) + len(values)
-        keyed = np.flatnonzero(ids >= 0)
-        order = np.argsort(ids[keyed], kind="stable")
-        self.members = np.ascontiguousarray(keyed[order], np.int64)  # items grouped by key id
-        self.has_key = (ids >= 0).astype(np.uint8)  # compact: scanned at every repair
+    def __init__(self, ids: np.ndarray | None, values, ptr: np.ndarray | None = None,
+                 idx: np.ndarray | None = None) -> None:
+        self.sets = ids is None and bool(np.diff(ptr).max(initial=0) > 1)  # else: single keys
+        if ids is not None:  # one key per item
+            ptr = np.zeros(len(ids) + 1, np.int64)
+            np.cumsum(ids >= 0, out=ptr[1:])
+            idx = ids[ids >= 0]
+        self.ptr, self.idx, self.values = ptr, np.ascontiguousarray(idx, np.int64), values
+        lengths = np.diff(ptr)
+        self.ids = ids if ids is not None else np.full(len(lengths), -1, np.int64)
+        if ids is None and len(self.idx):  # the first key of each item
+            self.ids[lengths > 0] = self.idx[ptr[:-1][lengths > 0]]
+        self.counts = np.bincount(self.idx, minlength=len(values)).astype(np.int64)
+        self.classes = len(lengths) - int((self.counts - 1).sum())
+        owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+        order = np.argsort(self.idx, kind="stable")
+        self.members = np.ascontiguousarray(owner[order], np.int64)  # items grouped by key id
+        self.has_key = (lengths > 0).astype(np.uint8)  # compact: scanned at every repair
         self.member_ptr = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
 
     @property
     def any(self) -> bool:
         """Whether some key is held by two items or more."""
         return len(self.values) > 0
+
+    def rows(self, key_id: int, most: int = 5) -> str:
+        """The first ``most`` items holding ``key_id``, for messages."""
+        items = self.members[self.member_ptr[key_id]:self.member_ptr[key_id + 1]]
+        more = ", ..." if len(items) > most else ""
+        return ", ".join(map(str, items[:most].tolist())) + more
+
+    def compatible(self, candidates: np.ndarray, batch: np.ndarray) -> np.ndarray:
+        """The ``candidates`` that share no key with the items of ``batch`` (order kept)."""
+        return free_of(self.ptr, self.idx, candidates, item_keys(self.ptr, self.idx, batch))
 
 
 _log = get_logger("samplers.duplicates")
@@ -75,7 +105,10 @@ _log = get_logger("samplers.duplicates")
 def encode_keys(keys, num_items: int, name: str = "duplicate_keys") -> DuplicateKeys | None:
     """``keys`` (N hashable values) as :class:`DuplicateKeys`; None for ``keys=None``.
 
-    ``ValueError`` naming ``name`` for a wrong length, a non-sequence or an unhashable key.
+    ``keys``: N hashable keys; N sets / frozensets of hashable keys, or an int array
+    ``[N, C]`` (C key values per item; items conflict when their sets meet); or a
+    :class:`DuplicateKeys` of N items. ``ValueError`` naming ``name`` for a wrong length, a
+    non-sequence or an unhashable key.
 
     Example:
         >>> from hardbatch.samplers.duplicates import encode_keys
@@ -87,10 +120,25 @@ def encode_keys(keys, num_items: int, name: str = "duplicate_keys") -> Duplicate
     """
     if keys is None:
         return None
+    if isinstance(keys, DuplicateKeys):
+        if len(keys.ptr) - 1 != num_items:
+            raise ValueError(f"{name} encodes {len(keys.ptr) - 1} items but there are "
+                             f"N={num_items} items; encode the keys of these items")
+        return keys
+    if isinstance(keys, (torch.Tensor, np.ndarray)) and keys.ndim == 2 and not (
+            keys.is_floating_point() if isinstance(keys, torch.Tensor) else
+            not np.issubdtype(keys.dtype, np.integer)):
+        if keys.shape[0] != num_items:
+            raise ValueError(f"{name} has {keys.shape[0]} rows of key values but there are "
+                             f"N={num_items} items; pass one row per item, in dataset order")
+        ptr, idx, kept = key_sets(np.asarray(keys.cpu() if isinstance(keys, torch.Tensor)
+                                             else keys))
+        return DuplicateKeys(None, kept.tolist(), ptr, idx)
     if isinstance(keys, (torch.Tensor, np.ndarray)):
         if keys.ndim != 1:
-            raise ValueError(f"{name} must be a 1-D sequence of N={num_items} keys, got shape "
-                             f"{tuple(keys.shape)}")
+            raise ValueError(f"{name} must be a 1-D sequence of N={num_items} keys (or integer "
+                             f"key values [N, C]: C keys per item), got shape "
+                             f"{tuple(keys.shape)} and dtype {keys.dtype}")
         keys = keys.tolist()
     if isinstance(keys, (str, bytes)) or not hasattr(keys, "__len__"):
         raise ValueError(f"{name} must be a sequence of N={num_items} hashable keys (one per "
@@ -98,6 +146,9 @@ def encode_keys(keys, num_items: int, name: str = "duplicate_keys") -> Duplicate
     if len(keys) != num_items:
         raise ValueError(f"{name} has {len(keys)} keys but there are N={num_items} items; pass "
                          "one key per item, in dataset order")
+    if num_items and isinstance(keys[0], (set, frozenset)):
+        ptr, idx, names = set_keys(keys, name)
+        return DuplicateKeys(None, names, ptr, idx)
     first: dict = {}
     raw = np.empty(num_items, np.int64)
     for i, key in enumerate(keys):
@@ -112,37 +163,6 @@ def encode_keys(keys, num_items: int, name: str = "duplicate_keys") -> Duplicate
     new_id[shared] = np.arange(int(shared.sum()))
     values = [key for key, i in first.items() if shared[i]]
     return DuplicateKeys(new_id[raw], values)
-
-
-def shared_value_keys(rows: Iterable[Sequence]) -> list[int]:
-    """Keys for rows of values: rows sharing any value (transitively) get the same key.
-
-    ``rows``: for each item, its values (e.g. the texts of all columns of a row). Returns one
-    int per row, the smallest row index of its group (union-find over equal values).
-
-    Example:
-        >>> from hardbatch.samplers.duplicates import shared_value_keys
-        >>> shared_value_keys([("a", "b"), ("c", "d"), ("b", "e"), ("e", "f")])
-        [0, 1, 0, 0]
-    """
-    parent: list[int] = []
-    owner: dict = {}
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i, values in enumerate(rows):
-        parent.append(i)
-        for value in values:
-            j = owner.setdefault(value, i)
-            if j != i:
-                a, b = root(i), root(j)
-                if a != b:
-                    parent[max(a, b)] = min(a, b)
-    return [root(i) for i in range(len(parent))]
 
 
 def near_duplicate_keys(embeddings, threshold: float = 0.9, *,
@@ -205,6 +225,12 @@ def _name(keys: DuplicateKeys, key_id: int) -> str:
     return repr(keys.values[key_id])[:80]
 
 
+def _worst(keys: DuplicateKeys) -> str:
+    """The key held by the most items, with its items, for messages."""
+    k = int(np.argmax(keys.counts))
+    return f"key {_name(keys, k)} is held by {int(keys.counts[k])} items: {keys.rows(k)}"
+
+
 def check_walk_keys(keys: DuplicateKeys, batch_size: int) -> None:
     """``ValueError`` unless the items hold at least ``batch_size`` distinct keys.
 
@@ -212,13 +238,23 @@ def check_walk_keys(keys: DuplicateKeys, batch_size: int) -> None:
         >>> from hardbatch.samplers.duplicates import check_walk_keys, encode_keys
         >>> check_walk_keys(encode_keys(["a", "a", "b"], 3), 2)  # 2 distinct keys: fine
     """
+    if keys.sets:  # key sets: a batch of B items pairwise free of conflicts must exist
+        n = len(keys.ptr) - 1
+        if not keys.any or closed_neighbourhood_bound(keys.ptr, keys.idx, keys.counts,
+                                                      batch_size) < n:
+            return  # B - 1 items can never block all the others: a free item always exists
+        found = len(greedy_independent(keys.ptr, keys.idx, keys.counts, n))
+        if found >= batch_size:
+            return
+        raise ValueError(
+            f"duplicate_keys: only {found} items that pairwise share no key were found for "
+            f"batches of {batch_size} items ({_worst(keys)}); use batch_size <= {found}, "
+            "keys that tell more items apart, or duplicate_keys=None")
     if keys.classes < batch_size:
-        worst = int(np.argmax(keys.counts))
         raise ValueError(
             f"duplicate_keys leave only {keys.classes} distinct keys for batches of "
-            f"{batch_size} items with no key twice (key {_name(keys, worst)} alone is held by "
-            f"{int(keys.counts[worst])} items); use batch_size <= {keys.classes}, keys that tell "
-            "more items apart, or duplicate_keys=None")
+            f"{batch_size} items with no key twice ({_worst(keys)}); use batch_size <= "
+            f"{keys.classes}, keys that tell more items apart, or duplicate_keys=None")
 
 
 def partition_capacities(num_items: int, batch_size: int, drop_last: bool) -> np.ndarray:
@@ -262,15 +298,21 @@ def check_partition_keys(keys: DuplicateKeys, num_items: int, batch_size: int,
     caps = partition_capacities(num_items, batch_size, drop_last)
     nb = len(caps)
     counts = np.concatenate([keys.counts, np.ones(int((keys.ids < 0).sum()), np.int64)])
-    if drop_last:
+    if drop_last and not keys.sets:
         counts = _after_drop(counts, num_items - int(caps.sum()))
     if keys.any and counts.max() > nb:
         k = int(np.argmax(keys.counts))  # the largest group stays the largest after drops
         c = int(keys.counts[k])
         raise ValueError(
             f"duplicate_keys: key {_name(keys, k)} is held by {c} items but an epoch has only "
-            f"{nb} batches of batch_size={batch_size}, so two of them must share a batch; use "
-            f"batch_size <= {num_items // c}, or merge / drop the copies")
+            f"{nb} batches of batch_size={batch_size}, so two of them (of items "
+            f"{keys.rows(k)}) must share a batch; use batch_size <= {num_items // c}, or "
+            "merge / drop the copies")
+    if keys.sets:  # no exact condition for conflicts: a trial repair of a random order
+        if keys.any:
+            order = _rng.permutation(num_items, _rng.derive_seed(0, 0, 0xC0F))
+            separate_keys(order, int(caps.sum()), batch_size, keys)
+        return
     # reach[t - 1] = sum_k min(c_k, t) = sum_{j <= t} #{k : c_k >= j}
     at_least = np.bincount(counts, minlength=nb + 1)[::-1].cumsum()[::-1]
     reach = np.cumsum(at_least[1:nb + 1])
@@ -293,11 +335,27 @@ def _has_key(k, batch, members, member_ptr, pos_of, kept, batch_size):
     return False
 
 
+@njit(cache=True, inline="always")
+def _meets(i, batch, key_ptr, key_idx, members, member_ptr, pos_of, kept, batch_size):
+    """Whether an item of ``batch`` holds one of item i's keys."""
+    for e in range(key_ptr[i], key_ptr[i + 1]):
+        if _has_key(key_idx[e], batch, members, member_ptr, pos_of, kept, batch_size):
+            return True
+    return False
+
+
 @njit(cache=True)
-def _swap_repair(order, kept, batch_size, key_of, has_key, members, member_ptr):
-    """Swap clashing items into the nearest batch without their key; False if stuck."""
+def _swap_repair(order, kept, batch_size, key_ptr, key_idx, has_key, members, member_ptr,
+                 resume):
+    """Swap clashing items into the nearest batch without their keys; False if stuck.
+
+    ``resume`` (key sets): while the clashes of one batch b are repaired, the scan of another
+    batch resumes after its last swap from b (the items moved there clash with b), so a
+    batch's repair is linear, not quadratic, in its clashes."""
     nb = (kept + batch_size - 1) // batch_size
-    pos_of = np.empty(key_of.shape[0], np.int64)  # read for items with a key only
+    front = np.zeros((2, nb), np.int64)  # per side: where the scan of a batch resumes
+    owner = np.full((2, nb), -1, np.int64)  # the batch b whose repair set ``front``
+    pos_of = np.empty(has_key.shape[0], np.int64)  # read for items with a key only
     keyed = np.empty(members.shape[0], np.int64)  # positions of items with a key, in order
     count = 0
     for p in range(order.shape[0]):
@@ -309,15 +367,16 @@ def _swap_repair(order, kept, batch_size, key_of, has_key, members, member_ptr):
     for t in range(count):
         p = keyed[t]
         i = order[p]  # a swap may have put an item without a key here
-        k = key_of[i]
-        if k < 0:
-            continue
         b = p // batch_size
         clash = False
-        for m in range(member_ptr[k], member_ptr[k + 1]):
-            q = pos_of[members[m]]
-            if q < p and q // batch_size == b:
-                clash = True
+        for e in range(key_ptr[i], key_ptr[i + 1]):
+            k = key_idx[e]
+            for m in range(member_ptr[k], member_ptr[k + 1]):
+                q = pos_of[members[m]]
+                if q < p and q // batch_size == b:
+                    clash = True
+                    break
+            if clash:
                 break
         if not clash:
             continue
@@ -325,20 +384,22 @@ def _swap_repair(order, kept, batch_size, key_of, has_key, members, member_ptr):
         for dist in range(1, nb):
             for side in range(2):
                 b2 = b + dist if side == 0 else b - dist
-                if b2 < 0 or b2 >= nb or _has_key(k, b2, members, member_ptr, pos_of, kept,
-                                                  batch_size):
+                if b2 < 0 or b2 >= nb:
+                    continue
+                if _meets(i, b2, key_ptr, key_idx, members, member_ptr, pos_of, kept, batch_size):
                     continue
                 lo, hi = b2 * batch_size, min(kept, (b2 + 1) * batch_size)
-                for step in range(hi - lo):  # from the end nearest batch b
+                first = front[side, b2] if resume and owner[side, b2] == b else 0
+                for step in range(first, hi - lo):  # from the end nearest batch b
                     q = lo + step if b2 > b else hi - 1 - step
                     j = order[q]
-                    kj = key_of[j]
-                    if kj >= 0 and _has_key(kj, b, members, member_ptr, pos_of, kept,
-                                            batch_size):
+                    if _meets(j, b, key_ptr, key_idx, members, member_ptr, pos_of, kept,
+                              batch_size):
                         continue
+                    front[side, b2], owner[side, b2] = step + 1, b
                     order[p], order[q] = j, i
                     pos_of[i] = q
-                    if kj >= 0:
+                    if has_key[j]:
                         pos_of[j] = p
                     done = True
                     break
@@ -409,7 +470,15 @@ def separate_keys(order: np.ndarray, kept: int, batch_size: int,
     if keys is None or not keys.any:
         return order
     out = np.array(order, np.int64)
-    if _swap_repair(out, kept, batch_size, keys.ids, keys.has_key, keys.members,
-                    keys.member_ptr):
+    if _swap_repair(out, kept, batch_size, keys.ptr, keys.idx, keys.has_key, keys.members,
+                    keys.member_ptr, keys.sets):
         return out
-    return _construct(np.asarray(order, np.int64), kept, batch_size, keys)
+    if not keys.sets:
+        return _construct(np.asarray(order, np.int64), kept, batch_size, keys)
+    out = greedy_partition(order, kept, batch_size, keys.ptr, keys.idx)
+    if out is None:
+        raise ValueError(
+            f"duplicate_keys: the items could not be put into batches of batch_size="
+            f"{batch_size} with no two of them sharing a key ({_worst(keys)}); use a smaller "
+            "batch_size, keys that tell more items apart, or duplicate_keys=None")
+    return out

@@ -73,7 +73,8 @@ class EmbeddingSampler(PlanSampler):
         ([8, 8, 8, 8, 8], 1)
     """
 
-    _settings = PlanSampler._settings + ("refresh_every",)
+    # refresh_every last: GCBSSampler (one order per epoch) leaves it out
+    _settings = PlanSampler._settings + ("normalize", "refresh_lag", "refresh_every")
     batches_partition = False
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, *,
@@ -165,7 +166,7 @@ class EmbeddingSampler(PlanSampler):
     def _new_walk_state(self) -> WalkState:
         keys = self.duplicate_keys
         return WalkState(self.num_items, self.seed, self.epoch,
-                         None if keys is None or not keys.any else keys.ids)
+                         key_sets=None if keys is None or not keys.any else (keys.ptr, keys.idx))
 
     def _generate(self, index: int, global_step: int) -> np.ndarray:
         policy = self.refresh_policy

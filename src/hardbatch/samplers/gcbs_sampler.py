@@ -11,7 +11,7 @@ from .. import _rng
 from .. import distributed as hbdist
 from .._device import check_precision, resolve_device
 from .._logging import show_progress
-from .._validation import check_int
+from .._validation import check_int, check_real
 from ..embeddings import EmbeddingSource, source_num_items
 from ..gcbs import check_min_partners, check_search_args, default_interleave, gcbs_permutation, \
     interleave_chunks, resolve_method
@@ -82,7 +82,9 @@ class GCBSSampler(EmbeddingSampler):
         ([8, 8, 8, 8, 8], True)
     """
 
-    _settings = EmbeddingSampler._settings[:-1]  # no refresh_every: one order per epoch
+    _settings = EmbeddingSampler._settings[:-1] + (  # no refresh_every: one order per epoch
+        "quantile", "method", "shuffle_batches", "nlist", "nprobe", "partitions", "min_partners",
+        "interleave", "precision")
     batches_partition = True
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, quantile: float = 0.999, *,
@@ -107,7 +109,7 @@ class GCBSSampler(EmbeddingSampler):
         self.device = resolve_device(device)
         check_precision(precision)
         self.precision = precision
-        if not 0.0 < float(quantile) < 1.0:
+        if not 0.0 < check_real(quantile, "quantile", "a number in (0, 1)") < 1.0:
             raise ValueError(f"quantile={quantile} must lie strictly between 0 and 1")
         resolve_method(method, n)  # checks the name; "auto" resolves per build
         if paired is not None and not callable(paired):  # a callable is checked when read

@@ -8,6 +8,8 @@ import torch
 from .._device import resolve_device
 from .._validation import embedding_tensor
 from ..embeddings import EmbeddingSource
+from ..neighbor_index import (RECALL_MARGIN, RECALL_TARGET, NeighborIndex,
+                              sampler_index_kind)
 from .embedding_sampler import EmbeddingSampler
 
 
@@ -33,6 +35,11 @@ class KNNBatchSampler(EmbeddingSampler):
         duplicate_keys: N hashable keys (e.g. the texts); a batch takes the next nearest
             neighbour instead of an item whose key it already holds. Needs at least B
             distinct keys. No key shared: the same batches as without keys.
+        method: ``"exact"`` (the product above), ``"faiss-ivf"`` or ``"hnsw"`` (an index of
+            each snapshot, :class:`~hardbatch.neighbor_index.NeighborIndex`, tuned to
+            recall@(B-1) >= 0.95; one query per batch) or ``"auto"`` (default): an IVF index
+            only where it pays for its build (CPU, one process, N above 50,000 and
+            ``refresh_every`` None or at least 500 steps), else exact.
         normalize, drop_last, seed, rank, world_size: as in every sampler.
 
     Under DDP every rank needs the same snapshot for the plans to agree:
@@ -51,18 +58,23 @@ class KNNBatchSampler(EmbeddingSampler):
         True
     """
 
+    _settings = EmbeddingSampler._settings + ("method",)  # an index's neighbours may differ
+
     def __init__(self, embeddings: EmbeddingSource, batch_size: int,
                  refresh_every: int | None = 100, *, drop_last: bool = False, seed: int = 0,
                  normalize: bool = True, refresh_lag: int | None = None, prefetch: int = 0,
                  device: str | torch.device | None = None, rank: int | None = None,
                  world_size: int | None = None, global_batch: bool = False,
-                 duplicate_keys=None) -> None:
+                 duplicate_keys=None, method: str = "auto") -> None:
         super().__init__(embeddings, batch_size, refresh_every=refresh_every,
                          drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
                          world_size=world_size, refresh_lag=refresh_lag, distributed=False,
                          prefetch=prefetch, global_batch=global_batch,
                          duplicate_keys=duplicate_keys)
         self.device = resolve_device(device)
+        self.method = method
+        self.index_kind = sampler_index_kind(method, self.num_items, self.refresh_every,
+                                             self.device, self.world_size)
         if self.plan_batch_size >= self.num_items:
             name = ("world_size * batch_size = " if self.global_batch else "batch_size=") + \
                 str(self.plan_batch_size)
@@ -73,23 +85,44 @@ class KNNBatchSampler(EmbeddingSampler):
         """The snapshot [N, d] on ``device`` (checked for NaN / inf)."""
         # Normalised rows are a new tensor already; without normalize ``x`` may be the live
         # source (an EmbeddingBank), and the snapshot must stay as it was at its refresh step.
-        return embedding_tensor(x).to(self.device, copy=not self.normalize)
+        snapshot = embedding_tensor(x).to(self.device, copy=not self.normalize)
+        return self._indexed(snapshot)
+
+    def _indexed(self, snapshot: torch.Tensor):
+        """The snapshot, or (snapshot, its tuned index) for an index method."""
+        if self.index_kind is None:
+            return snapshot
+        index = NeighborIndex(snapshot, self.index_kind, seed=self.seed)
+        if index.tune(self.plan_batch_size - 1) < RECALL_TARGET + RECALL_MARGIN and \
+                self.method == "auto":
+            return snapshot  # data without cluster structure: the exact product per batch
+        return snapshot, index
+
+    def _nearest(self, structure, anchor: int, k: int) -> np.ndarray:
+        """The k items nearest to ``anchor``, nearest first (by the index where there is one)."""
+        if isinstance(structure, tuple):
+            snapshot, index = structure
+            if k < self.num_items - 1:
+                return index.neighbors_of(np.array([anchor]), k)[0]
+            structure = snapshot
+        sims = structure @ structure[anchor]
+        sims[anchor] = -torch.inf
+        return sims.topk(k, sorted=True).indices.cpu().numpy()
 
     def draw(self, structure: torch.Tensor, index: int, seed: int,
              start: int | None = None) -> np.ndarray:
         """The anchor (``start``, else the walk state's next start) and its nearest rows."""
         state, b = self.walk_state, self.plan_batch_size
         anchor = state.next_start(seed) if start is None else start
-        sims = structure @ structure[anchor]
-        sims[anchor] = -torch.inf
         keys = self.duplicate_keys
         if keys is None or not keys.any:
-            nearest = sims.topk(b - 1, sorted=True).indices.cpu().numpy()
+            nearest = self._nearest(structure, anchor, b - 1)
             batch = np.concatenate([[anchor], nearest]).astype(np.int64)
         else:  # the nearest rows, passing over those whose key the batch holds
-            k = min(self.num_items - 1, b - 1 + max(16, b // 8))
+            # key sets block more candidates: start with twice the batch (one top-k, mostly)
+            k = min(self.num_items - 1, (2 * b if keys.sets else b - 1) + max(16, b // 8))
             while True:
-                nearest = sims.topk(k, sorted=True).indices.cpu().numpy()
+                nearest = self._nearest(structure, anchor, k)
                 batch = state.key_free(anchor, nearest, b)
                 if len(batch) == b or k == self.num_items - 1:
                     break
@@ -98,11 +131,13 @@ class KNNBatchSampler(EmbeddingSampler):
         return batch
 
     def save_structure(self, structure: torch.Tensor) -> dict:
-        """The snapshot on the CPU."""
-        return {"snapshot": structure.cpu().clone()}
+        """The snapshot on the CPU (an index is rebuilt from it on load)."""
+        snapshot = structure[0] if isinstance(structure, tuple) else structure
+        return {"snapshot": snapshot.cpu().clone()}
 
     def load_structure(self, state: dict) -> torch.Tensor | None:
         """The snapshot saved by :meth:`save_structure` on ``device``, or None."""
         if "snapshot" not in state:
             return None
-        return torch.as_tensor(state["snapshot"], dtype=torch.float32).to(self.device)
+        return self._indexed(torch.as_tensor(state["snapshot"], dtype=torch.float32)
+                             .to(self.device))

@@ -89,6 +89,10 @@ class ProximityGraphSampler(EmbeddingSampler):
         (5, [8, 8, 8, 8, 8], (40, 5))
     """
 
+    _settings = EmbeddingSampler._settings + ("candidates", "neighbors", "restart", "walk",
+                                              "graph_kind", "group_size", "patience",
+                                              "precision")
+
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, candidates: int = 1000,
                  neighbors: int = 100, restart=0.2, walk: str = "rwr",
                  graph: Literal["proximity", "knn"] = "proximity",

@@ -11,6 +11,7 @@ order, rebuilt every epoch). What is built, drawn from and checkpointed is the b
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import threading
 import time
 import warnings
@@ -23,6 +24,15 @@ from .._validation import l2_normalize_rows
 from ..embeddings import EmbeddingBank, EmbeddingSource, read_embeddings, unwritten_bank_warning
 
 Structure = object  # what a sampler draws batches from: a graph, a snapshot, an order
+
+# The refresh-cost warning (issue 34): builds that dominate the training loop.
+FEW_STEPS = 10  # an exact build at most this many steps apart is "every few steps"
+MIN_STEP_COST_S = 0.01  # ... and warned about when it costs this much per step
+MIN_BUILD_S = 0.02  # builds shorter than this on average never warn (small data, tests)
+
+
+class RefreshCostWarning(UserWarning):
+    """A sampler's structure rebuilds take more time than the training steps between them."""
 
 
 @runtime_checkable
@@ -144,6 +154,10 @@ class RefreshPolicy:
         self.refreshes = 0
         self.last_refresh_seconds = 0.0
         self._bank_seen: tuple[int, int] | None = None  # (bank.step, sampler step first seen)
+        # the cost watch: loop seconds between consecutive steps, build seconds (all builds, and
+        # those the loop waited for), builds, whether the one warning was given
+        self._tick: tuple[int, float] | None = None
+        self._cost = {"loop": 0.0, "build": 0.0, "waited": 0.0, "builds": 0, "warned": False}
         self._init_sync()
 
     def _init_sync(self) -> None:
@@ -216,11 +230,56 @@ class RefreshPolicy:
         if message is not None:
             warnings.warn(message, UserWarning, stacklevel=4)
 
-    def _build(self, x, key: int, group) -> Structure:
+    def _build(self, x, key: int, group, waited: bool = True) -> Structure:
         t0 = time.perf_counter()
         structure = self.builder.build(x, key, group)
-        self.last_refresh_seconds = time.perf_counter() - t0
+        self.last_refresh_seconds = seconds = time.perf_counter() - t0
+        self._watch_cost(seconds, waited)
         return structure
+
+    def _watch_cost(self, seconds: float, waited: bool) -> None:
+        """Warn once when rebuilds dominate training: an exact build every few steps costing
+        more than ``MIN_STEP_COST_S`` per step (at the first build), or builds taking more time
+        than the training steps between them (measured from the second build on)."""
+        cost = self._cost
+        past, past_waited = cost["build"], cost["waited"]
+        cost["builds"] += 1
+        cost["build"] += seconds
+        cost["waited"] += seconds if waited else 0.0
+        if cost["warned"] or self.every is None:
+            return
+        builder, every = self.builder, self.every
+        exact = getattr(builder, "graph_kind", None) == "knn" or \
+            getattr(builder, "method", None) == "exact"
+        if cost["builds"] == 1:
+            if not (exact and every <= FEW_STEPS and seconds >= MIN_BUILD_S
+                    and seconds / every >= MIN_STEP_COST_S):
+                return
+            found = (f"its first build took {seconds:.3g} s and it rebuilds every {every} "
+                     f"steps: about {1e3 * seconds / every:.0f} ms of building per step")
+            suggest = max(100, 10 * every)
+        else:
+            training = max(cost["loop"] - past_waited, 0.0)  # loop time less the builds it waited
+            if past <= training or past < MIN_BUILD_S * (cost["builds"] - 1):
+                return
+            share = past / (past + training)
+            found = (f"its {cost['builds'] - 1} builds so far took {past:.3g} s (the last "
+                     f"{seconds:.3g} s, every {every} steps) against {training:.3g} s for the "
+                     f"rest of the loop: building is about {share:.0%} of the run")
+            suggest = every * min(1000, max(2, math.ceil(4 * past / max(training, 1e-3))))
+        cost["warned"] = True
+        what = type(builder).__name__
+        cheaper = ("graph='proximity' (the approximate proximity graph) instead of the exact "
+                   "graph='knn'" if getattr(builder, "graph_kind", None) == "knn" else
+                   "method='ivf' instead of the exact search" if exact else
+                   "a cheaper build (fewer candidates / neighbors, method='ivf')")
+        steps = "an epoch" if self.per_epoch else f"refresh_every={every} steps"
+        fix = "" if self.per_epoch else f"raise refresh_every (e.g. refresh_every={suggest}), "
+        warnings.warn(
+            f"{what}: rebuilding its structure from the embeddings dominates training: {found} "
+            f"({self.num_items} items, a rebuild per {steps}). To change it: {fix}use {cheaper}, "
+            "or background=True (with refresh_lag) to build in a worker thread off the "
+            "training loop", RefreshCostWarning, stacklevel=2)
 
     def _install(self, key: int, structure: Structure) -> Structure:
         self.structure, self.key = structure, key
@@ -237,6 +296,10 @@ class RefreshPolicy:
 
     def before_step(self, global_step: int) -> None:
         """In the loop's thread, before batch ``global_step``: snapshot and build if scheduled."""
+        now = time.perf_counter()
+        if self._tick is not None and global_step == self._tick[0] + 1:
+            self._cost["loop"] += now - self._tick[1]  # a step of the loop (and its builds)
+        self._tick = (global_step, now)
         key = self._snapshot_key(global_step)
         if key is None or key <= self.key or (self._next is not None and key <= self._next[0]):
             return
@@ -246,7 +309,7 @@ class RefreshPolicy:
                 self._executor = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="hardbatch-refresh")
             job = self._executor.submit(self._build, x, key,
-                                        self.build_group if self.distributed else None)
+                                        self.build_group if self.distributed else None, False)
         else:
             job = self._build(x, key, self.process_group if self.distributed else None)
         with self._lock:

@@ -4,11 +4,20 @@ A checkpoint (:func:`trainer_state`) holds everything a :class:`~hardbatch.train
 depends on: model, optimiser, loss (its generator), bank, the sampler's state at the number of
 steps done this epoch, progress, log and every RNG state, so that a resumed run continues
 exactly as the uninterrupted one would have.
+
+Safety (issue 34): a checkpoint holds only tensors, numbers, strings, lists and dicts (the NumPy
+and Python RNG states as a tensor and plain numbers), so :func:`read_checkpoint` loads it with
+``torch.load(weights_only=True)``, which runs no pickled code. :func:`write_checkpoint` adds a
+SHA-256 checksum of the content and the writing hardbatch's version
+(:mod:`hardbatch._integrity`); :func:`read_checkpoint` verifies it and raises ``ValueError``
+naming the file and the word "corrupted" when a byte changed. A version-1 checkpoint (before the
+checksum) still loads, with one warning.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 from dataclasses import asdict
 from pathlib import Path
@@ -16,10 +25,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._integrity import seal, verify, warn_legacy
+
 __all__ = ["CHECKPOINT_VERSION", "load_trainer_state", "read_checkpoint", "sampler_state",
            "seed_everything", "trainer_state", "write_checkpoint"]
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: RNG states as tensors and numbers, a checksum
+READABLE_VERSIONS = (1, 2)
 
 
 def seed_everything(seed: int) -> None:
@@ -63,10 +75,47 @@ def trainer_state(trainer) -> dict:
             "augment": trainer.generator.get_state(),
             "loss": (loss_gen.get_state() if isinstance(loss_gen, torch.Generator)
                      else None),
-            "numpy": np.random.get_state(),
-            "python": random.getstate(),
+            "numpy": numpy_rng_state(),
+            "python": python_rng_state(),
         },
     }
+
+
+def numpy_rng_state() -> dict:
+    """NumPy's global RNG state (its bit generator's ``state`` dict) as a tensor and numbers."""
+    state = np.random.get_state(legacy=False)
+    inner = state["state"]
+    return {"bit_generator": str(state["bit_generator"]),
+            "key": torch.from_numpy(np.asarray(inner["key"]).astype(np.int64)),
+            "pos": int(inner["pos"]), "has_gauss": int(state["has_gauss"]),
+            "gauss": float(state["gauss"])}
+
+
+def set_numpy_rng_state(state) -> None:
+    """Restore :func:`numpy_rng_state` (or the tuple of ``np.random.get_state()``, version 1)."""
+    if not isinstance(state, dict):
+        np.random.set_state(state)
+        return
+    np.random.set_state({
+        "bit_generator": state["bit_generator"],
+        "state": {"key": np.asarray(state["key"], dtype=np.int64).astype(np.uint32),
+                  "pos": int(state["pos"])},
+        "has_gauss": int(state["has_gauss"]), "gauss": float(state["gauss"])})
+
+
+def python_rng_state() -> dict:
+    """Python's ``random.getstate()`` (version, 625 ints, gauss_next) as a tensor and numbers."""
+    version, internal, gauss_next = random.getstate()
+    return {"version": int(version), "internal": torch.tensor(internal, dtype=torch.int64),
+            "gauss_next": None if gauss_next is None else float(gauss_next)}
+
+
+def set_python_rng_state(state) -> None:
+    """Restore :func:`python_rng_state` (or ``random.getstate()``'s tuple, version 1)."""
+    if isinstance(state, dict):
+        state = (int(state["version"]), tuple(int(v) for v in state["internal"].tolist()),
+                 state["gauss_next"])
+    random.setstate(state)
 
 
 def sampler_state(sampler, step_in_epoch: int) -> dict | None:
@@ -83,9 +132,9 @@ def sampler_state(sampler, step_in_epoch: int) -> dict | None:
 
 def load_trainer_state(trainer, state: dict) -> None:
     """Restore :func:`trainer_state`'s ``state`` into ``trainer``."""
-    if state.get("version") != CHECKPOINT_VERSION:
+    if state.get("version") not in READABLE_VERSIONS:
         raise ValueError(f"checkpoint version {state.get('version')} is not supported "
-                         f"(expected {CHECKPOINT_VERSION})")
+                         f"(this hardbatch reads versions {READABLE_VERSIONS})")
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.loss.load_state_dict(state["loss"])
@@ -109,29 +158,70 @@ def load_trainer_state(trainer, state: dict) -> None:
     loss_gen = getattr(trainer.loss, "generator", None)
     if rng["loss"] is not None and isinstance(loss_gen, torch.Generator):
         loss_gen.set_state(rng["loss"])
-    np.random.set_state(rng["numpy"])
-    random.setstate(rng["python"])
+    set_numpy_rng_state(rng["numpy"])
+    set_python_rng_state(rng["python"])
 
 
 def write_checkpoint(state: dict, path: str | os.PathLike) -> Path:
-    """Write ``state`` to ``path`` atomically (a temporary file, then ``os.replace``)."""
+    """Write ``state`` with its checksum to ``path`` atomically (a temporary file, flushed to
+    disk, then ``os.replace``): a crash leaves the previous checkpoint or the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
+    sealed = seal(state, "checkpoint")
+    with open(tmp, "wb") as f:
+        torch.save(sealed, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
     return path
 
 
+def _legacy_numpy_globals() -> list:
+    """What ``weights_only`` must allow to read a version-1 checkpoint's NumPy RNG state (an
+    array of uint32): NumPy's array reconstruction, nothing that can run other code."""
+    reconstruct = (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct
+    return [reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct"),
+            (reconstruct, "numpy._core.multiarray._reconstruct"), np.ndarray, np.dtype,
+            type(np.dtype(np.uint32))]
+
+
+def _load(path: Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "numpy" not in str(exc):
+            raise
+    with torch.serialization.safe_globals(_legacy_numpy_globals()):  # version 1: numpy RNG state
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def read_checkpoint(path: str | os.PathLike) -> dict:
-    """The state saved at ``path``; ``ValueError`` if it is not a training checkpoint."""
+    """The state saved at ``path``, its checksum verified.
+
+    Loaded with ``torch.load(weights_only=True)`` (no pickled code runs). ``ValueError`` naming
+    the file: "corrupted" when the content no longer matches its checksum or cannot be read,
+    "not a hardbatch training checkpoint" for another file. A checkpoint without a checksum
+    (version 1) loads with one warning.
+    """
     path = Path(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = _load(path)
     except FileNotFoundError:
         raise
+    except pickle.UnpicklingError as exc:
+        raise ValueError(
+            f"{path} is corrupted or not a hardbatch training checkpoint: it holds something "
+            "other than tensors, numbers, strings, lists and dicts, which torch.load("
+            f"weights_only=True) refuses (loading it could run arbitrary code): {exc}") from exc
     except Exception as exc:
-        raise ValueError(f"{path} is not a hardbatch training checkpoint: {exc}") from exc
+        raise ValueError(f"{path} is corrupted or not a hardbatch training checkpoint: "
+                         f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(state, dict) or "progress" not in state:
-        raise ValueError(f"{path} is not a hardbatch training checkpoint")
+        raise ValueError(f"{path} is not a hardbatch training checkpoint (or is corrupted)")
+    if not verify(state, str(path)):
+        if state.get("version") != 1:
+            raise ValueError(f"{path} is corrupted: a version-{state.get('version')} "
+                             "checkpoint must carry a checksum and this one has none")
+        warn_legacy("checkpoint", f"checkpoint {path}")
     return state

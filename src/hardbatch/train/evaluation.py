@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._device import resolve_device
+
 __all__ = ["embed", "evaluate", "knn_accuracy", "linear_probe_accuracy"]
 
 
@@ -26,6 +28,7 @@ def embed(module: nn.Module, x: torch.Tensor, batch_size: int = 1024,
         >>> features.shape, features.dtype, encoder.training
         (torch.Size([40, 4]), torch.float32, True)
     """
+    device = resolve_device(device)
     was_training = module.training
     module.eval()
     try:
@@ -127,6 +130,7 @@ def evaluate(encoder: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
         >>> evaluate(torch.nn.Identity(), features[:20], y[:20], features[20:], y[20:], k=5)
         {'knn_accuracy': 1.0, 'linear_probe_accuracy': 1.0}
     """
+    device = resolve_device(device)
     f_train = embed(encoder, train_x, batch_size, device)
     f_test = embed(encoder, test_x, batch_size, device)
     out = {"knn_accuracy": knn_accuracy(f_train, train_y, f_test, test_y, k, temperature)}

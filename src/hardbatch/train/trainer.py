@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .._device import resolve_device
 from ..data import looks_indexed
 from ..embeddings import EmbeddingBank
 from ..metrics import load_reference
@@ -110,7 +111,7 @@ class Trainer:
                 raise TypeError(f"unknown option(s) {unknown}; see TrainConfig")
             config = TrainConfig(**{**asdict(config), **overrides})
         self.config = config
-        self.device = torch.device(config.device)
+        self.device = resolve_device(config.device)
         self.encoder = encoder.to(self.device)
         self.head = head.to(self.device) if head is not None else None
         self.model = nn.Sequential(self.encoder, self.head) if self.head is not None else self.encoder

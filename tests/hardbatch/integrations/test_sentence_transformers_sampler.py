@@ -1,22 +1,33 @@
-"""The sentence-transformers batch sampler keeps copies of a text out of one batch by default, as
-NoDuplicatesBatchSampler does (issue 22); sentence-transformers itself is not needed here."""
+"""The sentence-transformers batch sampler (sentence-transformers itself is not needed here):
+no text twice in a batch, as a pairwise conflict (issue 31: mined hard negatives are other
+rows' texts), options checked when the factory is made, errors that name rows, texts and
+parameters before any encoding, and one log line per encoding pass and build (issue 35)."""
 
 import itertools
+import logging
 
 import pytest
 import torch
 
+import hardbatch as hb
+from hardbatch.integrations import sentence_transformers_texts as texts_module
 from hardbatch.integrations.sentence_transformers_sampler import (
     HardNegativeBatchSampler,
-    row_keys,
+    hard_negative_batch_sampler,
+    row_conflicts,
 )
+
+ALL_KINDS = hb.registry.sampler_names()
 
 
 class LetterEncoder(torch.nn.Module):
     """A stand-in SentenceTransformer: unit vectors of letter counts (copies embed alike)."""
 
+    calls = 0
+
     def encode(self, texts, batch_size=32, convert_to_tensor=True, normalize_embeddings=True,
                show_progress_bar=False):
+        self.calls += 1
         counts = torch.tensor([[float(t.count(c)) + 0.1 for c in "abcdefgh"] for t in texts])
         return torch.nn.functional.normalize(counts, dim=1)
 
@@ -37,49 +48,93 @@ def pairs_with_copies(n=90):
     return Table(anchor=anchors, positive=positives, label=[i % 2 for i in range(n)])
 
 
-def repeated_values(batch, table, columns=("anchor", "positive")):
-    values = [table[c][i] for i in batch for c in columns]
-    return len(values) - len(set(values)) - sum(table["anchor"][i] == table["positive"][i]
-                                                for i in batch)
+def mined_triplets(n=200):
+    """(anchor, positive, negative) rows as mine_hard_negatives makes them: the negative of row
+    i is the anchor of row i + 1 (another row's text)."""
+    anchors = [("abc"[i % 3] * (1 + i % 5)) + ("def"[i % 3] * (i % 4)) + f" q{i}"
+               for i in range(n)]
+    return Table(anchor=anchors, positive=[f"{a} passage" for a in anchors],
+                 negative=[anchors[(i + 1) % n] for i in range(n)])
 
 
-@pytest.mark.parametrize("kind", ["proximity", "knn", "gcbs", "uniform"])
+def repeated_texts(batch, table, columns=None):
+    """Texts that occur in two rows of the batch (a row repeating its own text is fine)."""
+    columns = columns or [c for c in table.column_names if c != "label"]
+    rows = [{table[c][i] for c in columns} for i in batch]
+    return sum(len(a & b) for a, b in itertools.combinations(rows, 2))
+
+
+def kind_options(kind):
+    return {"quantile": 0.9} if kind == "gcbs" else {}
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_no_text_appears_twice_in_a_batch_by_default(kind):
     table = pairs_with_copies()
-    kw = {"quantile": 0.9} if kind == "gcbs" else {}
     plain = HardNegativeBatchSampler(table, 10, model=LetterEncoder(), sampler=kind,
-                                     no_duplicates=False, refresh_every=None, **kw)
+                                     no_duplicates=False, refresh_every=None, **kind_options(kind))
     # sentence-transformers passes its label columns, which NoDuplicatesBatchSampler ignores
     keyed = HardNegativeBatchSampler(table, 10, valid_label_columns=["label", "score"],
                                      model=LetterEncoder(), sampler=kind, refresh_every=None,
-                                     **kw)
-    if kind != "uniform":
-        assert sum(repeated_values(b, table) for b in plain) > 0  # copies are nearest
+                                     **kind_options(kind))
+    if kind in ("knn", "gcbs"):
+        assert sum(repeated_texts(b, table) for b in plain) > 0  # copies are nearest
     batches = list(keyed)
     assert len(batches) == len(keyed) == 9
-    assert all(repeated_values(b, table) == 0 for b in batches)
+    assert all(repeated_texts(b, table) == 0 for b in batches)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_mined_hard_negatives_are_conflicts_not_one_key(kind):
+    """Issue 31: the old rule merged rows sharing a text transitively, so a mined dataset was
+    one key ('duplicate_keys leave only 1 distinct keys for batches of 16 items')."""
+    table = mined_triplets()
+    keys = hb.samplers.duplicates.shared_value_keys(zip(*table.values()))
+    assert len(set(keys)) == 1  # the old rule: every row in one key
+    s = HardNegativeBatchSampler(table, 16, model=LetterEncoder(), sampler=kind,
+                                 refresh_every=None, **kind_options(kind))
+    for _ in range(2):
+        batches = list(s)
+        assert len(batches) == 13 and all(repeated_texts(b, table) == 0 for b in batches)
+        assert all(len(set(b)) == len(b) for b in batches)
+
+
+def test_row_conflicts_are_rows_sharing_a_text():
+    table = pairs_with_copies(30)
+    table["negative"] = [table["anchor"][(i * 7) % 30] for i in range(30)]
+    keys = row_conflicts(table, ["label"])
+    rows = [{table[c][i] for c in ("anchor", "positive", "negative")} for i in range(30)]
+    held = [set(keys.idx[keys.ptr[i]:keys.ptr[i + 1]].tolist()) for i in range(30)]
+    for i, j in itertools.combinations(range(30), 2):  # NoDuplicates' conflict: a shared text
+        assert bool(held[i] & held[j]) == bool(rows[i] & rows[j]), (i, j)
+    assert sorted(keys.values) == sorted({t for i, j in itertools.combinations(range(30), 2)
+                                          for t in rows[i] & rows[j]})
+    # the label column (two values) makes no conflict, unless it is counted as texts
+    assert not row_conflicts(Table(a=["x", "y"], label=[1, 1]), ["label"]).any
+    assert row_conflicts(Table(a=["x", "y"], label=[1, 1])).any
+    only = row_conflicts(table, ["label"], columns=["anchor"])
+    assert only.columns == ["anchor"] and set(only.values) == set(table["anchor"])
+    with pytest.raises(ValueError, match=r"duplicate_columns=\['query'\].*no column 'query'"):
+        row_conflicts(table, columns=["query"])
+
+
+def test_duplicate_columns_choose_which_texts_conflict():
+    table = mined_triplets(60)
+    s = HardNegativeBatchSampler(table, 12, model=LetterEncoder(), sampler="knn",
+                                 refresh_every=None, duplicate_columns=["anchor", "positive"])
+    assert not s.hard_sampler.duplicate_keys.any  # anchors and positives are all distinct
+    full = HardNegativeBatchSampler(table, 12, model=LetterEncoder(), sampler="knn",
+                                    refresh_every=None)
+    assert full.hard_sampler.duplicate_keys.any
 
 
 def test_no_duplicates_off_gives_the_plain_sampler():
-    import hardbatch as hb
-
     table = pairs_with_copies()
     off = HardNegativeBatchSampler(table, 10, model=LetterEncoder(), sampler="knn",
                                    no_duplicates=False, refresh_every=None, seed=3)
     plain = hb.KNNBatchSampler(LetterEncoder().encode(table["anchor"]), 10, refresh_every=None,
                                seed=3)
     assert off.hard_sampler.duplicate_keys is None and list(off) == list(plain)
-
-
-def test_row_keys_follow_shared_values_but_not_labels():
-    table = pairs_with_copies(30)
-    keys = row_keys(table, ["label"])
-    texts = [{table["anchor"][i], table["positive"][i]} for i in range(30)]
-    for i, j in itertools.combinations(range(30), 2):
-        if texts[i] & texts[j]:  # NoDuplicatesBatchSampler's conflict: any value in common
-            assert keys[i] == keys[j]
-    assert len(set(keys)) > 5  # the label column (two values) merges nothing
-    assert len(set(row_keys(table))) <= 2  # unless it is counted as a text column
 
 
 def test_own_duplicate_keys_replace_the_texts_keys():
@@ -92,3 +147,105 @@ def test_own_duplicate_keys_replace_the_texts_keys():
     with pytest.raises(ValueError, match="duplicate_keys has 3 keys but there are N=90"):
         HardNegativeBatchSampler(table, 10, model=LetterEncoder(), sampler="uniform",
                                  duplicate_keys=[1, 2, 3])
+
+
+# -- options are checked when the factory is made (issue 35 item 3) -------------------------
+
+def test_a_misspelt_option_raises_when_the_factory_is_made():
+    with pytest.raises(ValueError, match="unknown option 'refresh_evry' for sampler='knn'; "
+                                         "did you mean 'refresh_every'"):
+        hard_negative_batch_sampler(LetterEncoder(), "knn", refresh_evry=5)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "gcbs", "default"])
+def test_options_of_another_sampler_raise_when_the_factory_is_made(kind):
+    with pytest.raises(ValueError, match=f"'candidates' for sampler='{kind}': it is an option "
+                                         "of 'proximity'"):
+        hard_negative_batch_sampler(LetterEncoder(), kind, candidates=10)
+    with pytest.raises(ValueError, match="'candidates'"):
+        HardNegativeBatchSampler(pairs_with_copies(), 10, model=LetterEncoder(), sampler=kind,
+                                 candidates=10)
+
+
+def test_every_sampler_accepts_its_own_options():
+    model = LetterEncoder()
+    hard_negative_batch_sampler(model, "proximity", candidates=10, neighbors=5, restart=0.5)
+    hard_negative_batch_sampler(model, "gcbs", quantile=0.9, show_progress_bar=False)
+    hard_negative_batch_sampler(model, "cluster", clusters=4, duplicate_columns=["anchor"])
+    hard_negative_batch_sampler(model, "uniform", no_duplicates=False)
+
+
+# -- duplicate errors name rows, texts and parameters, before any encoding (item 4) ----------
+
+def crowded(n=40, copies=12):
+    """Rows whose positives repeat one text ``copies`` times."""
+    return Table(anchor=[f"a{i}" for i in range(n)],
+                 positive=["same text"] * copies + [f"p{i}" for i in range(copies, n)])
+
+
+@pytest.mark.parametrize("kind", ["uniform", "gcbs", "knn", "proximity"])
+def test_impossible_duplicate_rules_fail_when_the_sampler_is_made(kind):
+    table, model = crowded(), LetterEncoder()
+    make = hard_negative_batch_sampler(model, kind, refresh_every=None)
+    pattern = (r"'same text' .*12 items.*0, 1, 2, 3, 4, \.\.\..*rows' texts.*"
+               r"duplicate_columns=.*no_duplicates=False")
+    b = 8 if kind in ("uniform", "gcbs") else 30  # 5 batches for 12 copies / 29 free rows
+    with pytest.raises(ValueError, match=pattern):
+        make(table, batch_size=b, drop_last=False)
+    assert model.calls == 0  # raised before any encoding pass
+    with pytest.raises(ValueError, match=pattern):  # and already with the factory's dataset
+        hard_negative_batch_sampler(model, kind, train_dataset=table, batch_size=b)
+    s = hard_negative_batch_sampler(model, kind, refresh_every=None, no_duplicates=False)(
+        table, batch_size=b)  # the fix the message names
+    assert len(list(s)) == len(s) >= 1
+
+
+# -- logging and progress (item 2) -------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["knn", "proximity", "gcbs", "cluster"])
+def test_every_encoding_pass_and_build_logs_a_line(kind, caplog):
+    table = pairs_with_copies()
+    caplog.set_level(logging.INFO, logger="hardbatch")
+    s = HardNegativeBatchSampler(table, 10, model=LetterEncoder(), sampler=kind,
+                                 refresh_every=3, **kind_options(kind))
+    list(s)
+    records = [r for r in caplog.records
+               if r.name == "hardbatch.integrations.sentence_transformers"]
+    encodes = [r for r in records if r.build == "encode"]
+    builds = [r for r in records if r.build == kind]
+    assert len(encodes) == s.refreshes >= 1 and all(r.n == 90 for r in encodes)
+    assert len(builds) >= 1 and all(r.n == 90 and r.seconds >= 0 for r in builds)
+    assert "N=90" in encodes[0].getMessage() and "seconds=" in builds[0].getMessage()
+
+
+def test_show_progress_bar_reaches_the_encoding_and_the_build(monkeypatch):
+    seen = []
+
+    def bar(total, desc, progress):
+        seen.append((desc, progress))
+        return hb._logging.NO_BAR
+
+    monkeypatch.setattr(texts_module, "progress_bar", bar)
+    s = HardNegativeBatchSampler(pairs_with_copies(), 10, model=LetterEncoder(),
+                                 sampler="gcbs", refresh_every=None, show_progress_bar=True)
+    assert seen == [("hardbatch: encoding texts", True)]
+    assert s.hard_sampler.progress is True
+    s = HardNegativeBatchSampler(pairs_with_copies(), 10, model=LetterEncoder(),
+                                 sampler="knn", refresh_every=None)
+    assert seen[-1] == ("hardbatch: encoding texts", None)  # default: when stderr is a tty
+
+
+def test_encoding_in_chunks_equals_one_pass():
+    source = texts_module.TextEmbeddingSource(LetterEncoder(), pairs_with_copies()["anchor"],
+                                              batch_size=1)  # 32 texts per model.encode call
+    assert torch.equal(source(), LetterEncoder().encode(pairs_with_copies()["anchor"]))
+
+
+def test_train_dataset_may_be_a_dataset_dict():
+    table, other = pairs_with_copies(), mined_triplets(60)
+    make = hard_negative_batch_sampler(LetterEncoder(), "knn", refresh_every=None,
+                                       train_dataset={"a": table, "b": other})
+    assert isinstance(make(other, batch_size=10), HardNegativeBatchSampler)
+    evaluation = make(Table(anchor=["x", "y", "z"]), batch_size=2)
+    assert list(evaluation) == [[0, 1], [2]]
+    assert len(make.samplers) == 2 and make.samplers[0].kind == "knn"

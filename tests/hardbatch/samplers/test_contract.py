@@ -173,7 +173,7 @@ def test_state_of_one_rank_resumes_every_rank(emb, kind, prefetch):
 def legacy(state, rank, world):
     """The state as hardbatch wrote it before pending batches were kept for every rank."""
     old = {k: v for k, v in state.items() if k not in ("pending_plan", "rank", "drop_last",
-                                                        "refresh_every")}
+                                                        "refresh_every", "kind", "integrity")}
     old["pending"] = state["pending_plan"][rank::world]
     return old
 
@@ -209,6 +209,9 @@ def test_damaged_pending_plan_rejected(emb):
     next(it), next(it)
     state = s.state_dict(consumed=1)
     state["pending_plan"] = state["pending_plan"][:1]
+    with pytest.raises(ValueError, match="sampler state is corrupted"):  # its checksum (issue 34)
+        make_ranked("uniform", emb, 1, 2).load_state_dict(state)
+    del state["integrity"], state["kind"]  # as older versions wrote it: the plan is still checked
     with pytest.raises(ValueError, match="holds 1 batches, not whole steps of world_size=2"):
         make_ranked("uniform", emb, 1, 2).load_state_dict(state)
 

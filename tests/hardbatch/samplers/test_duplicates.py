@@ -11,7 +11,16 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from sampler_support import B, KINDS, N, PARTITIONS, make
+from sampler_support import (
+    B,
+    KINDS,
+    N,
+    PARTITIONS,
+    chain_sets,
+    conflicts,
+    make,
+    near_conflicts,
+)
 
 import hardbatch as hb
 from hardbatch.samplers.duplicates import (
@@ -198,17 +207,24 @@ def test_stuck_swaps_fall_back_to_a_construction():
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_every_sampler_keeps_copies_apart_and_the_contract(kind, emb, drop_last):
-    keys = copies_keys()
-    x = with_copies(emb, keys)
+@pytest.mark.parametrize("sets", [False, True])
+def test_every_sampler_keeps_copies_apart_and_the_contract(kind, emb, drop_last, sets):
+    """Single keys (copies of one text) and key sets (mined rows: a row conflicts with the
+    rows holding one of its texts, issue 31)."""
+    keys = chain_sets() if sets else copies_keys()
+    x = near_conflicts(emb, keys) if sets else with_copies(emb, keys)
+    count = conflicts if sets else clashes
     without = list(make(kind, x, refresh_every=None, drop_last=drop_last, seed=1))
-    assert clashes(without, keys) > 0  # copies do share batches without keys
+    if kind != "community":  # B3 skips each item's nearest ranks
+        assert count(without, keys) > 0  # copies / conflicting rows meet without keys
     s = make(kind, x, refresh_every=None, drop_last=drop_last, seed=1, duplicate_keys=keys)
+    assert s.duplicate_keys.sets == sets
     for _ in range(2):  # two epochs
         batches = list(s)
         assert len(batches) == (N // B if drop_last else math.ceil(N / B))
-        assert clashes(batches, keys) == 0
+        assert count(batches, keys) == 0
         assert all(len(set(b)) == len(b) for b in batches)
+        assert getattr(getattr(s, "walk_state", None), "fallbacks", [0])[0] == 0
         if kind in PARTITIONS:
             drawn = sorted(itertools.chain.from_iterable(batches))
             assert len(set(drawn)) == len(drawn) == (N - N % B if drop_last else N)
@@ -273,14 +289,15 @@ def test_impossible_requests_name_the_key_and_the_fix(emb):
     assert all(len(b) == 50 for b in make("proximity", emb, batch_size=50, duplicate_keys=few))
 
 
-def test_global_batches_never_share_a_key_across_ranks(emb):
-    keys = copies_keys(seed=8)
-    x = with_copies(emb, keys)
+@pytest.mark.parametrize("sets", [False, True])
+def test_global_batches_never_share_a_key_across_ranks(emb, sets):
+    keys = chain_sets(seed=8) if sets else copies_keys(seed=8)
+    x = near_conflicts(emb, keys) if sets else with_copies(emb, keys)
     for kind in ("uniform", "knn", "proximity", "gcbs"):
         ranks = [list(make(kind, x, batch_size=32, seed=5, rank=r, world_size=2,
                            global_batch=True, duplicate_keys=keys)) for r in range(2)]
         steps = [a + b for a, b in zip(*ranks)]
-        assert clashes(steps, keys) == 0, kind
+        assert (conflicts if sets else clashes)(steps, keys) == 0, kind
 
 
 def test_walk_kernel_with_every_item_keyed_apart_equals_no_keys(emb):
@@ -301,7 +318,7 @@ def test_docs_examples_run():
     text = (Path(__file__).parents[3] / "docs" / "samplers.md").read_text()
     blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S)
               if "duplicate_keys=" in b or "global_batch=True" in b]
-    assert len(blocks) == 3
+    assert len(blocks) == 4  # duplicate keys, key sets, near-duplicates, global batches
     for block in blocks:
         exec(compile(block, "docs/samplers.md", "exec"), {})
 

@@ -158,6 +158,9 @@ def test_no_two_ranks_get_the_same_batch_in_a_step(kind, n, b, world):
         elif kind == "gcbs":
             ranks = [list(hb.GCBSSampler(x, b, quantile=0.9, rank=r, world_size=world,
                                          seed=seed)) for r in range(world)]
+        elif kind in ("cluster", "community"):
+            ranks = [list(make(kind, x, batch_size=b, rank=r, world_size=world, seed=seed))
+                     for r in range(world)]
         else:
             walk = {"bfs": "bfs", "dfs": "dfs", "rw": "rw"}.get(kind, "rwr")
             ranks = [list(hb.ProximityGraphSampler(x, b, candidates=n // 2, neighbors=5,
