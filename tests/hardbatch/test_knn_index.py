@@ -11,7 +11,14 @@ from hardbatch import neighbor_index as ni
 from hardbatch.neighbor_index import NeighborIndex, index_knn_graph, resolve_knn_method
 
 pytest.importorskip("faiss")
-pytest.importorskip("hnswlib")
+
+
+def needs(method):
+    """Skip a case of ``method="hnsw"`` where hnswlib (an sdist: needs a compiler) is absent."""
+    if "hnsw" in str(method):
+        pytest.importorskip("hnswlib")
+
+
 K = 10
 
 
@@ -35,6 +42,7 @@ def data():
 
 @pytest.mark.parametrize("method", ["hnsw", "auto-ivf"])
 def test_index_graph_recall_against_exact(data, method):
+    needs(method)
     x, ref = data
     got = index_knn_graph(x, K, method, seed=3).numpy()
     assert got.shape == ref.shape and (got != np.arange(len(x))[:, None]).all()
@@ -79,6 +87,7 @@ def test_auto_without_faiss_runs_exact(data, monkeypatch, caplog):
 
 @pytest.mark.parametrize("method", ["hnsw", "auto-ivf"])
 def test_same_seed_same_graph_for_any_thread_count(data, method):
+    needs(method)
     import faiss
 
     x, _ = data
@@ -130,6 +139,7 @@ def test_missing_index_package_names_the_extra(data, monkeypatch, module, method
 
 @pytest.mark.parametrize("method", ["hnsw", "auto-ivf"])
 def test_index_graph_bad_inputs(data, method):
+    needs(method)
     x, _ = data
     with pytest.raises(ValueError, match="neighbors=50 must be smaller than the number of items"):
         index_knn_graph(x[:50], 50, method)
@@ -149,7 +159,12 @@ def test_knn_sampler_with_an_index(data):
     exact = hb.KNNBatchSampler(x, 16, refresh_every=None, seed=0, method="exact")
     auto = hb.KNNBatchSampler(x, 16, refresh_every=None, seed=0)  # N = 3000: exact
     assert auto.index_kind is None and list(auto) == list(exact)
-    for method in ("hnsw", "faiss-ivf"):
+    methods = ("hnsw", "faiss-ivf")
+    try:
+        import hnswlib  # noqa: F401
+    except ImportError:
+        methods = ("faiss-ivf",)
+    for method in methods:
         approx = hb.KNNBatchSampler(x, 16, refresh_every=None, seed=0, method=method)
         batches = list(approx)
         again = hb.KNNBatchSampler(x, 16, refresh_every=None, seed=0, method=method)
