@@ -177,7 +177,11 @@ def test_parse_arms():
     assert [a.name for a in arms] == ["gcbs", "default", "knn+mined"]
     assert [(a.sampler, a.mined, a.encodes) for a in arms] == [
         ("gcbs", False, True), ("default", False, False), ("knn", True, True)]
-    for bad in ("bogus", "default+mined", "gcbs+hard", "nope+mined"):
+    zero = parse_arms("zeroshot")
+    assert [(a.name, a.sampler, a.mined, a.encodes) for a in zero] == [
+        ("zeroshot", "zeroshot", False, False)]
+    assert "zeroshot" not in [a.name for a in parse_arms("all")]  # named explicitly only
+    for bad in ("bogus", "default+mined", "gcbs+hard", "nope+mined", "zeroshot+mined"):
         with pytest.raises(ValueError, match="unknown arm"):
             parse_arms(bad)
 
@@ -262,6 +266,27 @@ def test_bench_codesearch_short_runs_and_resume(code_data, tmp_path, capsys, mon
     assert "3/3 runs done, 0 to run" in capsys.readouterr().out
     assert [f.stat().st_mtime_ns for f in files] == mtimes
     assert mined["time_s"]["charged_wall"] == mined["time_s"]["wall"]  # nothing was cached
+
+
+def test_zeroshot_arm_evaluates_the_starting_model(code_data, minilm, tmp_path):
+    from hardbatch.cli import main
+    from hardbatch_experiments.recipes.codesearch.run import evaluate_model
+
+    root, tiny = code_data
+    out = tmp_path / "runs"
+    assert main(["bench", "codesearch", "--arm", "zeroshot", "--train-limit", "256",
+                 "--batch-size", "16", "--data-dir", str(root), "--eval-split", "none",
+                 "--eval-file", str(tiny), "--distractors", "9", "--out", str(out)]) == 0
+    (path,) = out.glob("codesearch__zeroshot__seed0__*.json")
+    rec = json.loads(path.read_text())
+    assert rec["steps"] == 0 and rec["train_loss"] is None and rec["trace"]["step_s"] == []
+    assert rec["config"]["batch_sampler"] is None and rec["time_s"]["training"] == 0
+    pairs = load_code_pairs(tiny)
+    ref = evaluate_model(minilm, {"t": (pairs, distractor_pools(pairs.queries, 9, 0))}, 256, 64,
+                         10)["t"]
+    got = rec["metrics"]["tiny.jsonl"]
+    assert got["csn_mrr"] == pytest.approx(ref["csn_mrr"], abs=1e-6)
+    assert got["mrr@10"] == pytest.approx(ref["mrr@10"], abs=1e-6)
 
 
 def test_mined_triplets_and_teacher_are_cached(minilm, code_data, tmp_path, monkeypatch):

@@ -6,7 +6,9 @@ sampler on triplets with one mined hard negative per pair), every sampler name o
 :mod:`hardbatch.registry` (``uniform``, ``knn``, ``proximity``, ``gcbs``; names another issue
 registers, e.g. ``cluster`` and ``community``, become arms as soon as the registry has them)
 through :func:`hardbatch.integrations.sentence_transformers_sampler.hard_negative_batch_sampler`,
-and ``SAMPLER+mined`` (that sampler on the mined triplets; named explicitly, not part of ``all``).
+and ``SAMPLER+mined`` (that sampler on the mined triplets; named explicitly, not part of ``all``),
+and ``zeroshot`` (the starting model evaluated without training: the reference every arm moves
+from; named explicitly).
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ from .model import (
     training_classes,
 )
 
-__all__ = ["K", "MINED", "MODEL", "TAG_DEFAULTS", "Arm", "arm_label", "evaluate_model", "parse_arms",
+__all__ = ["K", "MINED", "MODEL", "TAG_DEFAULTS", "ZERO_SHOT", "Arm", "arm_label", "evaluate_model", "parse_arms",
            "result_path", "run_one", "run_tag"]
 
 MODEL = "all-MiniLM-L6-v2"
 #: The mined-negatives arm (``default`` + one mined negative per pair) and suffix (``knn+mined``).
 MINED = "mined"
+#: The arm that evaluates the starting model without training.
+ZERO_SHOT = "zeroshot"
 # options entering the run tag through a short hash when they differ from these values
 TAG_DEFAULTS = {"model": MODEL, "batch_size": 64, "lr": 2e-5, "warmup_ratio": 0.1,
                 "eval_split": "valid,test", "eval_file": None, "eval_limit": None,
@@ -74,7 +78,7 @@ class Arm(tuple):
     @property
     def encodes(self) -> bool:
         """Whether the sampler reads embeddings (every registry sampler but ``uniform``)."""
-        return self.sampler not in (DEFAULT_SAMPLER, "uniform")
+        return self.sampler not in (DEFAULT_SAMPLER, "uniform", ZERO_SHOT)
 
     @property
     def name(self) -> str:
@@ -87,7 +91,7 @@ def parse_arms(value: str) -> list[Arm]:
     """``"all"`` (``default``, ``mined`` and every registry sampler), or comma-separated arm
     names (``default``, ``mined``, a registry sampler, ``SAMPLER+mined``), in order, once."""
     items = [v.strip().lower() for v in str(value).split(",") if v.strip()]
-    valid = (DEFAULT_SAMPLER, MINED, *sampler_names(), f"SAMPLER+{MINED}", "all")
+    valid = (DEFAULT_SAMPLER, MINED, *sampler_names(), f"SAMPLER+{MINED}", ZERO_SHOT, "all")
     if not items:
         raise ValueError(f"no arm given; use one of {', '.join(valid)}")
     if items == ["all"]:
@@ -97,7 +101,9 @@ def parse_arms(value: str) -> list[Arm]:
     for item in items:
         base, plus, suffix = item.partition("+")
         try:
-            if item in (DEFAULT_SAMPLER, MINED):
+            if item == ZERO_SHOT:
+                out.append(Arm(ZERO_SHOT, False))
+            elif item in (DEFAULT_SAMPLER, MINED):
                 out.append(Arm(DEFAULT_SAMPLER, item == MINED))
             elif plus and suffix == MINED and base != DEFAULT_SAMPLER:
                 out.append(Arm(canonical_sampler(base), True))
@@ -205,12 +211,34 @@ def _hard_sampler(args, arm: Arm, model, train, seed_emb: np.ndarray):
     return batch_sampler, built
 
 
+def _train(args, model, train, batch_sampler, lengths: dict, trace: dict, seed: int,
+           classes) -> tuple[float, int, float]:
+    """Fine-tune ``model`` with ``SentenceTransformerTrainer`` and MNRL; returns (wall seconds,
+    steps, training loss)."""
+    trainer_class, arguments_class, mnrl_class = classes
+    with tempfile.TemporaryDirectory(prefix="hb-codesearch-") as tmp:
+        targs = arguments_class(
+            output_dir=tmp, per_device_train_batch_size=args.batch_size,
+            max_steps=args.steps or -1, num_train_epochs=args.epochs or 1,
+            learning_rate=args.lr, warmup_steps=args.warmup_ratio,  # < 1: a share of the steps
+            lr_scheduler_type="linear",
+            weight_decay=0.0, seed=seed, data_seed=seed, dataloader_drop_last=True,
+            save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True,
+            logging_steps=max(1, min(10, (args.steps or 100) // 10)), batch_sampler=batch_sampler)
+        trainer = trainer_class(
+            model=model, args=targs, train_dataset=train, loss=mnrl_class(model, scale=args.scale),
+            data_collator=column_length_collator(model, lengths),
+            callbacks=[_trace_callback(trace, seed)])
+        t0 = time.perf_counter()
+        result = trainer.train()
+        return time.perf_counter() - t0, int(result.global_step), float(result.training_loss)
+
+
 def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_sets: dict,
             command: str) -> dict:
     """Train the arm with ``seed``, evaluate it, write ``path`` (JSON) and return the record."""
     from datasets import Dataset
 
-    trainer_class, arguments_class, mnrl_class = training_classes()
     t_start, c_start = time.perf_counter(), time.process_time()
     torch.manual_seed(seed)
     np.random.seed(seed)
@@ -230,7 +258,7 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
         cache_reads += [(mining["read_s"], mining["seconds"])] if mining["cached"] else []
     built: list[TimedSampler] = []
     batch_sampler = no_duplicates_sampler()
-    if arm.sampler != DEFAULT_SAMPLER:
+    if arm.sampler not in (DEFAULT_SAMPLER, ZERO_SHOT):
         seed_emb = None
         if arm.encodes:  # the teacher: the starting model's embeddings, computed once
             column = "anchor" if args.embed_column == "query" else "positive"
@@ -244,23 +272,11 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
                "negative": args.max_seq_length}
     trace: dict = {"step": [], "loss": [], "step_s": [], "step_cpu_s": []}
     model.max_seq_length = args.max_seq_length  # encodings by the sampler's refreshes
-    with tempfile.TemporaryDirectory(prefix="hb-codesearch-") as tmp:
-        targs = arguments_class(
-            output_dir=tmp, per_device_train_batch_size=args.batch_size,
-            max_steps=args.steps or -1, num_train_epochs=args.epochs or 1,
-            learning_rate=args.lr, warmup_steps=args.warmup_ratio,  # < 1: a share of the steps
-            lr_scheduler_type="linear",
-            weight_decay=0.0, seed=seed, data_seed=seed, dataloader_drop_last=True,
-            save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True,
-            logging_steps=max(1, min(10, (args.steps or 100) // 10)), batch_sampler=batch_sampler)
-        loss = mnrl_class(model, scale=args.scale)
-        trainer = trainer_class(
-            model=model, args=targs, train_dataset=train, loss=loss,
-            data_collator=column_length_collator(model, lengths),
-            callbacks=[_trace_callback(trace, seed)])
-        t0 = time.perf_counter()
-        result = trainer.train()
-        train_wall = time.perf_counter() - t0
+    if arm.sampler == ZERO_SHOT:
+        train_wall, steps, train_loss = 0.0, 0, None
+    else:
+        train_wall, steps, train_loss = _train(args, model, train, batch_sampler, lengths,
+                                               trace, seed, training_classes())
     trace.pop("last", None)
     sampler_s = sum(b.seconds for b in built)
     timings["encoding_refresh"] += sampler_s
@@ -292,7 +308,8 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
             "max_seq_length_code": args.max_seq_length,
             "max_seq_length_query": args.max_query_length, "max_seq_length_eval": eval_len,
             "freeze_layers": args.freeze_layers, "parameters": params, "drop_last": True,
-            "batch_sampler": ("sentence-transformers BatchSamplers.NO_DUPLICATES"
+            "batch_sampler": (None if arm.sampler == ZERO_SHOT else
+                              "sentence-transformers BatchSamplers.NO_DUPLICATES"
                               if arm.sampler == DEFAULT_SAMPLER else
                               f"hard_negative_batch_sampler({arm.sampler!r})"),
             "refresh": (args.refresh if arm.encodes else None),
@@ -306,7 +323,7 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
         "mining": mining, "teacher": teacher,
         "protocol": PROTOCOL,
         "metrics": metrics,
-        "steps": int(result.global_step), "train_loss": float(result.training_loss),
+        "steps": steps, "train_loss": train_loss,
         "trace": trace,
         "seconds_per_step": float(np.median(step_s)) if step_s else None,
         "cpu_seconds_per_step": float(np.median(step_cpu)) if step_cpu else None,
