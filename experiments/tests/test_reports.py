@@ -214,3 +214,34 @@ def test_graphs_record_effects_are_paired_by_seed():
     assert (f"| InfoNCE | MUTAG | +{m:.2f} [{lo:+.2f}, {hi:+.2f}] (n = 3, paired) | 3/0/0 | no "
             "| — | — |") in table
     assert "| InfoNCE | NCI1 | no paired seeds | — | — | — | — |" in table
+
+
+def _codesearch_run(label, seed, mrr10, mrr):
+    times = {"charged_wall": 600.0, "mining": 60.0, "encoding_refresh": 0.0, "training": 480.0,
+             "evaluation": 60.0}
+    return {"benchmark": "codesearch", "label": label, "arm": label, "seed": seed, "steps": 150,
+            "seconds_per_step": 3.0, "time_s": times,
+            "metrics": {"test": {"csn_mrr": mrr, "mrr@10": mrr10, "ndcg@10": mrr10,
+                                 "recall@1": mrr10 / 2}}}
+
+
+def test_code_search_table_pairs_by_seed_against_default_and_mined(tmp_path):
+    from hardbatch_experiments.reports import code_search
+
+    folder = tmp_path / "confirm"
+    base = {0: 0.50, 1: 0.52, 2: 0.55}
+    gains = {0: 0.010, 1: 0.030, 2: 0.020}
+    for s in base:
+        _write(folder, f"d{s}.json", _codesearch_run("default", s, base[s], 0.7))
+        _write(folder, f"g{s}.json", _codesearch_run("gcbs", s, base[s] + gains[s], 0.7))
+    _write(folder, "g3.json", _codesearch_run("gcbs", 3, 0.9, 0.7))  # unpaired: left out
+    _write(folder, "m0.json", _codesearch_run("mined", 0, 0.505, 0.7))
+    table = code_search.arm_table(folder, "test")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in table.splitlines()[2:]}
+    assert list(rows) == [code_search.NAME[a] for a in ("default", "mined", "gcbs")]
+    m, lo, hi = _t_interval([100 * g for g in gains.values()])
+    gcbs = rows[code_search.NAME["gcbs"]]
+    assert f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}] (n = 3, paired)" in gcbs
+    assert "+0.50 (n = 1, paired; no interval)" in gcbs  # against mined: seed 0 only
+    assert " | 0,1,2,3 | " in gcbs and " | 150 | 3.00 | 10.0 | 1.0 | 0.0 | 8.0 | 1.0 |" in gcbs
+    assert code_search.arm_table(tmp_path / "none", "test") == "(no runs yet)"

@@ -15,11 +15,13 @@ import pytest
 
 pytest.importorskip("scipy")
 
-from hardbatch_experiments.reports import graphs, text, vision
+from hardbatch_experiments.reports import code_search, graphs, text, vision
 from hardbatch_experiments.reports.page import effects, handwritten, tables_of
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = {"graphs": graphs, "text": text, "vision": vision}
+PAGES = {"graphs": graphs, "text": text, "vision": vision, "code_search": code_search}
+#: pages whose runs are pilots only so far: they may quote no effect yet
+PILOTS_ONLY = {"code_search"}
 
 
 def page(name: str) -> str:
@@ -39,7 +41,7 @@ def table_text(name: str) -> str:
 def test_every_written_effect_stands_in_the_pages_tables(name):
     text_ = page(name)
     assert tables_of(text_), f"{name}.md has no generated tables"
-    assert effects(handwritten(text_)), f"{name}.md quotes no effect by hand"
+    assert name in PILOTS_ONLY or effects(handwritten(text_)), f"{name}.md quotes no effect"
     assert unsupported(handwritten(text_), table_text(name)) == []
 
 

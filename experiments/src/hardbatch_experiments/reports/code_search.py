@@ -1,0 +1,116 @@
+"""The tables of docs/results/code_search.md (fine-tuning MiniLM for code search, issue 32).
+
+    python scripts/report_code_search.py [--results results/code_search] [--in-place | --out PAGE]
+
+``results/code_search/pilots/*.json``: the 10-step timing pilots (``pilots/round1/``: the same,
+first round); ``pilots/encoding__*.json``: the encoding pilot
+(``python -m hardbatch_experiments.recipes.codesearch.pilot``); ``pilots/wave1/``: the first
+wave of 150-step runs on the valid split, seed 0 (``scripts/codesearch_grid.sh`` with
+``SEEDS=0 EVAL=valid``); ``confirm/``: the pre-registered confirmation on fresh seeds and the
+test split. Every arm is compared with ``default`` (and the hard-batch arms with ``mined``) on
+the seeds both finished: the mean per-seed difference with its 95% t-interval.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from .page import md, read_runs, report_main
+from .paired import effect_text, paired_effect
+
+#: arms in the order of the issue's pre-registration (a)-(i), then the reference
+ARMS = ("default", "mined", "gcbs", "knn", "proximity", "cluster", "community", "uniform",
+        "zeroshot")
+NAME = {"default": "(a) default: sentence-transformers NO_DUPLICATES",
+        "mined": "(b) default + 1 mined hard negative", "gcbs": "(c) GCBS batches",
+        "knn": "(d) kNN batches", "proximity": "(e) proximity-graph batches",
+        "cluster": "(f) cluster batches (TAS-B)", "community": "(g) community batches (B3)",
+        "uniform": "(i) hardbatch uniform (plumbing control)",
+        "zeroshot": "starting model, no training"}
+METRICS = (("csn_mrr", "MRR (1,000 candidates)"), ("mrr@10", "MRR@10"), ("ndcg@10", "NDCG@10"),
+           ("recall@1", "R@1"))
+
+
+def _runs(folder: Path) -> dict[str, dict[int, dict]]:
+    """``{arm label: {seed: record}}`` of the code-search runs in ``folder``, in :data:`ARMS`
+    order (others after, sorted)."""
+    by: dict[str, dict[int, dict]] = defaultdict(dict)
+    for r in read_runs(folder, lambda r: r.get("benchmark") == "codesearch"):
+        by[r["label"]][r["seed"]] = r
+    order = [a for a in ARMS if a in by] + sorted(set(by) - set(ARMS))
+    return {a: by[a] for a in order}
+
+
+def _value(r: dict, split: str, key: str) -> float | None:
+    return r.get("metrics", {}).get(split, {}).get(key)
+
+
+def _effect(arm: dict, base: dict, split: str, key: str, scale: float = 100.0) -> str:
+    e = paired_effect({s: _value(r, split, key) for s, r in arm.items()
+                       if _value(r, split, key) is not None},
+                      {s: _value(r, split, key) for s, r in base.items()
+                       if _value(r, split, key) is not None})
+    return effect_text(e, 2, scale, signs=False, missing="pending")
+
+
+def arm_table(folder: Path, split: str) -> str:
+    """Per arm: seeds, the metrics (x 100, mean over seeds), MRR@10 against default and against
+    mined (paired, x 100), steps, seconds per step and the wall time with its parts."""
+    by = _runs(folder)
+    if not by:
+        return "(no runs yet)"
+    rows = []
+    for arm, rs in by.items():
+        recs = list(rs.values())
+        row = [NAME.get(arm, arm), ",".join(map(str, sorted(rs)))]
+        for key, _ in METRICS:
+            vals = [_value(r, split, key) for r in recs if _value(r, split, key) is not None]
+            row.append(f"{100 * sum(vals) / len(vals):.2f}" if vals else "—")
+        for base in ("default", "mined"):
+            row.append("—" if arm in (base, "zeroshot") else
+                       _effect(rs, by.get(base, {}), split, "mrr@10"))
+        t = [r["time_s"] for r in recs]
+        steps = [r["seconds_per_step"] for r in recs if r.get("seconds_per_step")]
+        row += [str(recs[0]["steps"]), f"{sum(steps) / len(steps):.2f}" if steps else "—"]
+        row += [f"{sum(x[k] for x in t) / len(t) / 60:.1f}"
+                for k in ("charged_wall", "mining", "encoding_refresh", "training", "evaluation")]
+        rows.append(row)
+    return md(["arm", "seeds", *(name for _, name in METRICS), "MRR@10 vs default",
+               "MRR@10 vs mined", "steps", "s/step", "wall (min, charged)", "mining",
+               "encoding + refresh", "training", "evaluation"], rows)
+
+
+def timing_table(folder: Path) -> str:
+    """The 10-step timing pilots: seconds per training step by code length and frozen layers,
+    and the encoding pilot (the starting model over the training set)."""
+    rows = []
+    for r in read_runs(folder, lambda r: r.get("benchmark") == "codesearch"):
+        c = r["config"]
+        rows.append([r["arm"], c["max_seq_length_code"], c["freeze_layers"],
+                     f"{r['seconds_per_step']:.1f}", f"{r['cpu_seconds_per_step']:.1f}",
+                     c["threads"], f"{r['env']['load_average'][0]:.1f}"])
+    for r in read_runs(folder, lambda r: r.get("pilot", "").startswith("encoding")):
+        for part in ("queries", "codes"):
+            p = r[part]
+            rows.append([f"encode {p['texts']:,} {part}", p["max_length"], "—",
+                         f"{p['seconds']:.0f} (all)", f"{p['cpu_seconds']:.0f} (all)",
+                         r["threads"], f"{p['load_average'][0]:.1f}"])
+    return md(["what", "code tokens", "frozen layers", "s/step (wall)", "CPU s/step",
+               "threads", "load average"], rows) if rows else "(no pilots)"
+
+
+def tables(results: Path) -> dict[str, str]:
+    """Every table of the page, by its block key."""
+    return {"timing": timing_table(results / "pilots"),
+            "wave1": arm_table(results / "pilots" / "wave1", "valid"),
+            "confirm": arm_table(results / "confirm", "test")}
+
+
+def figures(results: Path, fig_dir: Path) -> int:
+    """The page has no figures yet."""
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return report_main("code_search", tables, figures, argv)
