@@ -220,7 +220,7 @@ def _codesearch_run(label, seed, mrr10, mrr):
     times = {"charged_wall": 600.0, "mining": 60.0, "encoding_refresh": 0.0, "training": 480.0,
              "evaluation": 60.0}
     return {"benchmark": "codesearch", "label": label, "arm": label, "seed": seed, "steps": 150,
-            "seconds_per_step": 3.0, "time_s": times,
+            "seconds_per_step": 3.0, "cpu_seconds_per_step": 2.5, "time_s": times,
             "metrics": {"test": {"csn_mrr": mrr, "mrr@10": mrr10, "ndcg@10": mrr10,
                                  "recall@1": mrr10 / 2}}}
 
@@ -243,5 +243,5 @@ def test_code_search_table_pairs_by_seed_against_default_and_mined(tmp_path):
     gcbs = rows[code_search.NAME["gcbs"]]
     assert f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}] (n = 3, paired)" in gcbs
     assert "+0.50 (n = 1, paired; no interval)" in gcbs  # against mined: seed 0 only
-    assert " | 0,1,2,3 | " in gcbs and " | 150 | 3.00 | 10.0 | 1.0 | 0.0 | 8.0 | 1.0 |" in gcbs
+    assert " | 0,1,2,3 | " in gcbs and " | 150 | 3.00 | 2.50 | 10.0 | 1.0 | 0.0 | 8.0 | 1.0 |" in gcbs
     assert code_search.arm_table(tmp_path / "none", "test") == "(no runs yet)"

@@ -56,7 +56,8 @@ def _effect(arm: dict, base: dict, split: str, key: str, scale: float = 100.0) -
 
 def arm_table(folder: Path, split: str) -> str:
     """Per arm: seeds, the metrics (x 100, mean over seeds), MRR@10 against default and against
-    mined (paired, x 100), steps, seconds per step and the wall time with its parts."""
+    mined (paired, x 100), steps, wall and CPU seconds per training step (medians per run) and
+    the wall time with its parts (minutes)."""
     by = _runs(folder)
     if not by:
         return "(no runs yet)"
@@ -71,13 +72,15 @@ def arm_table(folder: Path, split: str) -> str:
             row.append("—" if arm in (base, "zeroshot") else
                        _effect(rs, by.get(base, {}), split, "mrr@10"))
         t = [r["time_s"] for r in recs]
-        steps = [r["seconds_per_step"] for r in recs if r.get("seconds_per_step")]
-        row += [str(recs[0]["steps"]), f"{sum(steps) / len(steps):.2f}" if steps else "—"]
+        row.append(str(recs[0]["steps"]))
+        for key in ("seconds_per_step", "cpu_seconds_per_step"):
+            vals = [r[key] for r in recs if r.get(key)]
+            row.append(f"{sum(vals) / len(vals):.2f}" if vals else "—")
         row += [f"{sum(x[k] for x in t) / len(t) / 60:.1f}"
                 for k in ("charged_wall", "mining", "encoding_refresh", "training", "evaluation")]
         rows.append(row)
     return md(["arm", "seeds", *(name for _, name in METRICS), "MRR@10 vs default",
-               "MRR@10 vs mined", "steps", "s/step", "wall (min, charged)", "mining",
+               "MRR@10 vs mined", "steps", "s/step", "CPU s/step", "wall (min, charged)", "mining",
                "encoding + refresh", "training", "evaluation"], rows)
 
 
