@@ -228,15 +228,15 @@ def test_bench_codesearch_short_runs_and_resume(code_data, tmp_path, capsys, mon
     monkeypatch.setenv("HARDBATCH_CACHE", str(tmp_path / "cache"))
     root, tiny = code_data
     out = tmp_path / "runs"
-    argv = ["bench", "codesearch", "--arm", "default,gcbs,mined", "--train-limit", "256", "--steps",
+    argv = ["bench", "codesearch", "--arm", "default,gcbs,mined,uniform", "--train-limit", "256", "--steps",
             "3", "--batch-size", "16", "--max-seq-length", "48", "--max-query-length", "24",
             "--data-dir", str(root), "--eval-split", "test", "--eval-limit", "20",
             "--eval-file", str(tiny), "--distractors", "9", "--out", str(out)]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert "[codesearch] [1/3]" in text and "3 ran, 0 skipped" in text
+    assert "[codesearch] [1/4]" in text and "4 ran, 0 skipped" in text
     files = sorted(out.glob("codesearch__*__seed0__n256_steps3_L48q24_h*.json"))
-    assert [f.name.split("__")[1] for f in files] == ["default", "gcbs", "mined"]
+    assert [f.name.split("__")[1] for f in files] == ["default", "gcbs", "mined", "uniform"]
     for f in files:
         rec = json.loads(f.read_text())
         assert rec["steps"] == 3 and len(rec["trace"]["step_s"]) == 3
@@ -252,7 +252,9 @@ def test_bench_codesearch_short_runs_and_resume(code_data, tmp_path, capsys, mon
         assert rec["env"]["sentence_transformers"] and rec["env"]["torch"]
         assert rec["command"].startswith("hardbatch bench codesearch --arm ")
         assert rec["config"]["max_seq_length_query"] == 24
-    default, gcbs, mined = (json.loads(f.read_text()) for f in files)
+    default, gcbs, mined, uniform = (json.loads(f.read_text()) for f in files)
+    assert uniform["config"]["batch_sampler"] == "hard_negative_batch_sampler('uniform')"
+    assert uniform["teacher"] is None and uniform["config"]["refresh"] is None
     assert default["config"]["batch_sampler"].endswith("NO_DUPLICATES")
     assert default["mining"] is None and default["time_s"]["mining"] == 0
     assert gcbs["config"]["refresh"] == "teacher" and gcbs["time_s"]["encoding_refresh"] > 0
@@ -263,7 +265,7 @@ def test_bench_codesearch_short_runs_and_resume(code_data, tmp_path, capsys, mon
     assert mined["config"]["train_rows"] == m["rows_out"]
     mtimes = [f.stat().st_mtime_ns for f in files]
     assert main(argv) == 0  # finished: skipped
-    assert "3/3 runs done, 0 to run" in capsys.readouterr().out
+    assert "4/4 runs done, 0 to run" in capsys.readouterr().out
     assert [f.stat().st_mtime_ns for f in files] == mtimes
     assert mined["time_s"]["charged_wall"] == mined["time_s"]["wall"]  # nothing was cached
 

@@ -193,12 +193,12 @@ def _hard_sampler(args, arm: Arm, model, train, seed_emb: np.ndarray):
     """The ``batch_sampler`` callable of a registry-sampler arm (through the library's
     sentence-transformers integration), wrapped so that the time spent drawing batches is
     measured; returns ``(callable, wrappers built)``."""
+    options = {"embeddings": seed_emb} if arm.encodes else {}  # uniform takes no embeddings
     make = hard_negative_batch_sampler(
         model, arm.sampler, train_dataset=train,
         text_column="anchor" if args.embed_column == "query" else "positive",
         refresh_every=args.refresh_every if args.refresh == "model" else None,
-        encode_batch_size=args.encode_batch_size,
-        embeddings=seed_emb if arm.encodes else None)
+        encode_batch_size=args.encode_batch_size, **options)
     built: list[TimedSampler] = []
 
     def batch_sampler(dataset, *a, **kw):
