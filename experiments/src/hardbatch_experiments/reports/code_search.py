@@ -19,9 +19,6 @@ from pathlib import Path
 from .page import md, read_runs, report_main
 from .paired import effect_text, paired_effect
 
-#: arms in the order of the issue's pre-registration (a)-(i), then the reference
-ARMS = ("default", "mined", "gcbs", "knn", "proximity", "cluster", "community", "uniform",
-        "zeroshot")
 NAME = {"default": "(a) default: sentence-transformers NO_DUPLICATES",
         "mined": "(b) default + 1 mined hard negative", "gcbs": "(c) GCBS batches",
         "knn": "(d) kNN batches", "proximity": "(e) proximity-graph batches",
@@ -33,13 +30,12 @@ METRICS = (("csn_mrr", "MRR (1,000 candidates)"), ("mrr@10", "MRR@10"), ("ndcg@1
 
 
 def _runs(folder: Path) -> dict[str, dict[int, dict]]:
-    """``{arm label: {seed: record}}`` of the code-search runs in ``folder``, in :data:`ARMS`
-    order (others after, sorted)."""
+    """``{arm label: {seed: record}}`` of the code-search runs in ``folder``, in the order of
+    their :data:`NAME` ((a) to (i), then the starting model; other labels after, sorted)."""
     by: dict[str, dict[int, dict]] = defaultdict(dict)
     for r in read_runs(folder, lambda r: r.get("benchmark") == "codesearch"):
         by[r["label"]][r["seed"]] = r
-    order = [a for a in ARMS if a in by] + sorted(set(by) - set(ARMS))
-    return {a: by[a] for a in order}
+    return {a: by[a] for a in sorted(by, key=lambda a: (a not in NAME, NAME.get(a, a)))}
 
 
 def _value(r: dict, split: str, key: str) -> float | None:
