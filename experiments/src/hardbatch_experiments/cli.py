@@ -9,6 +9,7 @@ exit code; ``ValueError`` / missing files become a one-line error and exit code 
 ::
 
     hardbatch demo                     # every sampler on scikit-learn's digits, table + plots
+    hardbatch demo code                # a GCBS batch next to a uniform one on code-search data
     hardbatch demo --sampler uniform,proximity --loss dcl --epochs 30 --out runs/demo
     hardbatch bench graphcl --dataset MUTAG --seeds 1
     hardbatch eval sts --model all-MiniLM-L6-v2
@@ -24,6 +25,7 @@ from hardbatch.registry import canonical_loss, loss_names, parse_names, sampler_
 
 from .demo import DemoConfig, run_demo, split_digits
 from .recipes.codesearch import add_codesearch_parser
+from .recipes.codesearch.demo import add_code_demo_arguments, run_code_demo
 from .recipes.graphcl import add_graphcl_parser
 from .recipes.simclr import add_simclr_parser
 from .recipes.simcse import add_simcse_parser
@@ -90,7 +92,26 @@ def add_demo_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--progress", action="store_true", help="show a progress bar per sampler")
     p.set_defaults(func=_run_demo)
+    variants = p.add_subparsers(dest="variant", metavar="VARIANT", required=False)
+    code = variants.add_parser(
+        "code", help="what a hard batch holds on code-search data (no training, ~1 minute)",
+        description=_CODE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    code.add_argument("--batch-size", type=positive_int, default=64, metavar="B",
+                      help="batch size (default 64)")
+    code.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    add_code_demo_arguments(code)
+    code.set_defaults(func=run_code_demo)
     return p
+
+
+_CODE_DESCRIPTION = """\
+Draw --pairs docstring -> function-code pairs from shared/data/code/train, embed their queries
+with all-MiniLM-L6-v2 (offline weights), and print one epoch's batch hardness, packages per batch
+and repeated queries for the uniform sampler and a hard one (GCBS by default), the queries of
+the first batch of each side by side, and the measured effect of hard batches on fine-tuning
+(docs/results/code_search.md, computed from its result files). No training; about a minute on
+2 CPU cores.
+example: hardbatch demo code --hard-sampler community --show 24"""
 
 
 def _run_demo(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ METRICS = (("csn_mrr", "MRR (1,000 candidates)"), ("mrr@10", "MRR@10"), ("ndcg@1
            ("recall@1", "R@1"))
 
 
-def _runs(folder: Path) -> dict[str, dict[int, dict]]:
+def runs_by_arm(folder: Path) -> dict[str, dict[int, dict]]:
     """``{arm label: {seed: record}}`` of the code-search runs in ``folder``, in the order of
     their :data:`NAME` ((a) to (i), then the starting model; other labels after, sorted)."""
     by: dict[str, dict[int, dict]] = defaultdict(dict)
@@ -38,23 +38,31 @@ def _runs(folder: Path) -> dict[str, dict[int, dict]]:
     return {a: by[a] for a in sorted(by, key=lambda a: (a not in NAME, NAME.get(a, a)))}
 
 
-def _value(r: dict, split: str, key: str) -> float | None:
+def metric_value(r: dict, split: str, key: str) -> float | None:
+    """Metric ``key`` of run record ``r`` on ``split`` (None when the run did not score it)."""
     return r.get("metrics", {}).get(split, {}).get(key)
 
 
+def paired_metric(arm: dict, base: dict, split: str, key: str):
+    """The paired effect (:func:`~hardbatch_experiments.reports.paired.paired_effect`) of
+    metric ``key`` on ``split`` between two arms' ``{seed: record}``, on the seeds both scored;
+    None when they share none."""
+    def values(recs: dict) -> dict:
+        return {s: metric_value(r, split, key) for s, r in recs.items()
+                if metric_value(r, split, key) is not None}
+    return paired_effect(values(arm), values(base))
+
+
 def _effect(arm: dict, base: dict, split: str, key: str, scale: float = 100.0) -> str:
-    e = paired_effect({s: _value(r, split, key) for s, r in arm.items()
-                       if _value(r, split, key) is not None},
-                      {s: _value(r, split, key) for s, r in base.items()
-                       if _value(r, split, key) is not None})
-    return effect_text(e, 2, scale, signs=False, missing="pending")
+    return effect_text(paired_metric(arm, base, split, key), 2, scale, signs=False,
+                       missing="pending")
 
 
 def arm_table(folder: Path, split: str) -> str:
     """Per arm: seeds, the metrics (x 100, mean over seeds), MRR@10 against default and against
     mined (paired, x 100), steps, wall and CPU seconds per training step (medians per run) and
     the wall time with its parts (minutes)."""
-    by = _runs(folder)
+    by = runs_by_arm(folder)
     if not by:
         return "(no runs yet)"
     rows = []
@@ -62,7 +70,8 @@ def arm_table(folder: Path, split: str) -> str:
         recs = list(rs.values())
         row = [NAME.get(arm, arm), ",".join(map(str, sorted(rs)))]
         for key, _ in METRICS:
-            vals = [_value(r, split, key) for r in recs if _value(r, split, key) is not None]
+            vals = [metric_value(r, split, key) for r in recs
+                    if metric_value(r, split, key) is not None]
             row.append(f"{100 * sum(vals) / len(vals):.2f}" if vals else "—")
         for base in ("default", "mined"):
             row.append("—" if arm in (base, "zeroshot") else
