@@ -31,9 +31,10 @@ import numpy as np
 import torch
 
 from . import _rng
-from ._device import Precision, block_elements, check_precision, matmul_fp32, resolve_device
+from ._device import Precision, block_elements, check_precision, resolve_device
 from ._logging import NO_BAR, BuildLog, get_logger, progress_bar
 from ._validation import check_int, embedding_tensor
+from .exact_knn import exact_neighbors
 from .neighbor_index import index_knn_graph, resolve_knn_method
 from .proximity import ProximityGraphPlan, proximity_graph
 from .proximity_pools import (candidate_pools, check_graph_sizes, check_group_size,
@@ -90,11 +91,11 @@ class KNNGraphPlan:
         emb = self.x.to(self.device, self.dtype)
         for s in range(start, end, self.rows_per_block):
             e = min(end, s + self.rows_per_block)
-            sims = matmul_fp32(emb[s:e], emb.T)
-            sims[torch.arange(e - s, device=self.device),
-                 torch.arange(s, e, device=self.device)] = -torch.inf
-            out[s - start:e - start] = sims.topk(self.neighbors, dim=1, sorted=True).indices.cpu()
-            self.block_bytes = max(self.block_bytes, sims.nbytes + (e - s) * self.neighbors * 12)
+            rows = torch.arange(s, e, device=self.device)
+            out[s - start:e - start] = exact_neighbors(emb, rows, self.neighbors, e - s,
+                                                       emb=emb[s:e]).cpu()
+            sims_bytes = (e - s) * self.num_items * 4  # float32 similarities
+            self.block_bytes = max(self.block_bytes, sims_bytes + (e - s) * self.neighbors * 12)
             bar.update(1)
         return out
 

@@ -39,6 +39,7 @@ import torch
 
 from . import _rng
 from ._logging import BuildLog, get_logger, progress_bar
+from .exact_knn import exact_neighbors
 from ._validation import check_int, embedding_tensor
 
 __all__ = ["AUTO_EXACT_MAX_ITEMS", "AUTO_SAMPLER_MIN_STEPS", "INDEX_KINDS", "KNN_METHODS",
@@ -266,15 +267,9 @@ class NeighborIndex:
 
 
 def _exact_rows(x: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
-    """Exact top-k other items of ``rows`` (torch products, blocks of 1024 rows)."""
-    xt = torch.from_numpy(x)
-    out = []
-    for s in range(0, len(rows), 1024):
-        r = torch.from_numpy(rows[s:s + 1024])
-        sims = xt[r] @ xt.T
-        sims[torch.arange(len(r)), r] = -torch.inf
-        out.append(sims.topk(k, dim=1).indices.numpy())
-    return np.concatenate(out) if out else np.empty((0, k), np.int64)
+    """Exact top-k other items of ``rows`` (:func:`hardbatch.exact_knn.exact_neighbors`)."""
+    return exact_neighbors(torch.from_numpy(x), torch.from_numpy(np.asarray(rows, np.int64)),
+                           k).numpy()
 
 
 def index_knn_graph(embeddings, neighbors: int, method: str = "hnsw", *, seed: int = 0,
@@ -324,11 +319,12 @@ def index_knn_graph(embeddings, neighbors: int, method: str = "hnsw", *, seed: i
 
 
 def _exact_graph(x: np.ndarray, k: int, progress) -> torch.Tensor:
-    rows = np.arange(x.shape[0])
-    bar = progress_bar(-(-len(rows) // 4096), "kNN graph (exact)", progress)
-    parts = []
-    for s in range(0, len(rows), 4096):
-        parts.append(_exact_rows(x, rows[s:s + 4096], k))
+    n = x.shape[0]
+    bar = progress_bar(-(-n // 4096), "kNN graph (exact)", progress)
+    xt, out = torch.from_numpy(x), torch.empty((n, k), dtype=torch.int64)
+    for s in range(0, n, 4096):
+        e = min(n, s + 4096)
+        out[s:e] = exact_neighbors(xt, torch.arange(s, e), k, emb=xt[s:e])
         bar.update(1)
     bar.close()
-    return torch.from_numpy(np.concatenate(parts))
+    return out
