@@ -23,6 +23,7 @@ NAME = {"default": "(a) default: sentence-transformers NO_DUPLICATES",
         "mined": "(b) default + 1 mined hard negative", "gcbs": "(c) GCBS batches",
         "knn": "(d) kNN batches", "proximity": "(e) proximity-graph batches",
         "cluster": "(f) cluster batches (TAS-B)", "community": "(g) community batches (B3)",
+        "community+mined": "(h) community batches + mined negatives, texts kept apart",
         "uniform": "(i) hardbatch uniform (plumbing control)",
         "zeroshot": "starting model, no training"}
 METRICS = (("csn_mrr", "MRR (1,000 candidates)"), ("mrr@10", "MRR@10"), ("ndcg@10", "NDCG@10"),
@@ -89,6 +90,34 @@ def arm_table(folder: Path, split: str) -> str:
                "encoding + refresh", "training", "evaluation"], rows)
 
 
+def package_table(folder: Path, split: str) -> str:
+    """Per package of ``split`` (pairs, distinct queries): default's MRR@10 (x 100, mean over
+    its seeds) and every other trained arm's MRR@10 against default on that package's queries
+    (paired over the seeds both finished, x 100)."""
+    by = {a: rs for a, rs in runs_by_arm(folder).items() if a != "zeroshot"}
+    base = by.get("default", {})
+    if not base:
+        return "(no default runs yet)"
+    first = next(iter(base.values()))["metrics"][split]["per_package"]
+    arms = [a for a in by if a != "default"]
+
+    def per_package(recs: dict, package: str) -> dict:
+        return {s: {"metrics": {split: r["metrics"][split]["per_package"][package]}}
+                for s, r in recs.items() if package in r["metrics"].get(split, {}).get(
+                    "per_package", {})}
+
+    rows = []
+    for package in sorted(first, key=lambda p: (-first[p]["pairs"], p)):
+        b = per_package(base, package)
+        vals = [metric_value(r, split, "mrr@10") for r in b.values()]
+        row = [package, first[package]["pairs"], first[package]["queries"],
+               f"{100 * sum(vals) / len(vals):.2f}"]
+        row += [_effect(per_package(by[a], package), b, split, "mrr@10") for a in arms]
+        rows.append(row)
+    return md(["package", "pairs", "queries", "default MRR@10",
+               *(f"{a} vs default" for a in arms)], rows)
+
+
 def timing_table(folder: Path) -> str:
     """The 10-step timing pilots: seconds per training step by code length and frozen layers,
     and the encoding pilot (the starting model over the training set)."""
@@ -112,7 +141,8 @@ def tables(results: Path) -> dict[str, str]:
     """Every table of the page, by its block key."""
     return {"timing": timing_table(results / "pilots"),
             "wave1": arm_table(results / "pilots" / "wave1", "valid"),
-            "confirm": arm_table(results / "confirm", "test")}
+            "confirm": arm_table(results / "confirm", "test"),
+            "packages": package_table(results / "confirm", "test")}
 
 
 def figures(results: Path, fig_dir: Path) -> int:
