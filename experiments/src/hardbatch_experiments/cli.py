@@ -47,7 +47,9 @@ restart, alpha decaying 0.2 -> 0.05; BatchSampler), gcbs (global contrastive bat
 Graph samplers read an embedding bank fed by the training forward pass and rebuild their graph
 every --refresh-every steps. losses: infonce, dcl, hcl, sscl (debiased / hard_negative: aliases
 of dcl / hcl).
-example: hardbatch demo --sampler uniform,proximity --epochs 20 --out /tmp/demo"""
+example: hardbatch demo --sampler uniform,proximity --epochs 20 --out /tmp/demo
+variant: hardbatch demo code (no digits, no training): what a hard batch holds on the
+code-search pairs, next to a uniform one; see hardbatch demo code --help"""
 
 
 def add_demo_parser(subparsers) -> argparse.ArgumentParser:
@@ -92,7 +94,8 @@ def add_demo_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--progress", action="store_true", help="show a progress bar per sampler")
     p.set_defaults(func=_run_demo)
-    variants = p.add_subparsers(dest="variant", metavar="VARIANT", required=False)
+    variants = p.add_subparsers(dest="variant", metavar="[code]", required=False,
+                                title="variant (optional)")
     code = variants.add_parser(
         "code", help="what a hard batch holds on code-search data (no training, ~1 minute)",
         description=_CODE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
