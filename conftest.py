@@ -38,3 +38,20 @@ def mnist_pca(data_root):
     from hardbatch_experiments.datasets import mnist_pca
 
     return mnist_pca(data_root)
+
+
+@pytest.fixture
+def cli(capsys):
+    """``cli(*argv)`` runs the ``hardbatch`` command line in-process and returns ``(exit code,
+    stdout, stderr)``; argparse's ``SystemExit`` becomes the exit code."""
+    from hardbatch.cli import main
+
+    def call(*argv):
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:  # argparse errors
+            code = exc.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return call

@@ -7,7 +7,6 @@ import os
 import numpy as np
 import pytest
 
-from hardbatch.cli import main
 from hardbatch_experiments.recipes.codesearch.demo import (
     batch_summary,
     epoch_batches,
@@ -20,15 +19,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def run(capsys, *argv):
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_batch_summary_counts_twins_packages_and_hardness():
@@ -92,10 +82,10 @@ def test_measured_effects_are_paired_over_shared_seeds(tmp_path):
     assert measured_effects(tmp_path / "missing") == []
 
 
-def test_demo_code_on_real_pairs(data_root, capsys, tmp_path):
+def test_demo_code_on_real_pairs(data_root, cli, tmp_path):
     if not (data_root / "code" / "train.jsonl.gz").is_file():
         pytest.skip("code-search data not found under the shared data folder")
-    code, out, err = run(capsys, "demo", "code", "--pairs", "128", "--batch-size", "16",
+    code, out, err = cli("demo", "code", "--pairs", "128", "--batch-size", "16",
                          "--show", "3", "--hard-sampler", "knn", "--data-dir", str(data_root),
                          "--results", str(tmp_path / "none"))
     assert code == 0, err
@@ -117,7 +107,7 @@ def test_demo_code_on_real_pairs(data_root, capsys, tmp_path):
     (["--hard-sampler", "nope"], "nope"),
     (["--epochs", "3"], "unrecognized arguments: --epochs"),
 ])
-def test_demo_code_bad_input_exits_2_without_traceback(capsys, argv, message):
-    code, _, err = run(capsys, "demo", "code", *argv)
+def test_demo_code_bad_input_exits_2_without_traceback(cli, argv, message):
+    code, _, err = cli("demo", "code", *argv)
     assert code == 2
     assert message in err and "Traceback" not in err

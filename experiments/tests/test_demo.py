@@ -8,20 +8,10 @@ import torch
 from torch import nn
 
 import hardbatch as hb
-from hardbatch.cli import main
 from hardbatch_experiments.datasets import load_digits
 from hardbatch_experiments.demo import digits_augment, digits_encoder, make_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def run(capsys, *argv):
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse errors
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_digits_augment_is_batched_and_deterministic():
@@ -59,9 +49,9 @@ def test_make_loss_aliases_are_the_canonical_losses(alias, canonical, cls):
     torch.testing.assert_close(a(z1, z2), old(z1, z2), rtol=0, atol=0)
 
 
-def test_demo_smoke_all_samplers(capsys, tmp_path):
+def test_demo_smoke_all_samplers(cli, tmp_path):
     out_dir = tmp_path / "demo"
-    code, out, err = run(capsys, "demo", "--epochs", "1", "--out", str(out_dir), "--seed", "1")
+    code, out, err = cli("demo", "--epochs", "1", "--out", str(out_dir), "--seed", "1")
     assert code == 0, err
     for name in ("uniform", "kNN", "proximity graph (RWR)", "GCBS"):
         assert f"| {name} |" in out
@@ -78,8 +68,8 @@ def test_demo_smoke_all_samplers(capsys, tmp_path):
     assert (out_dir / "false_negative_rate.png").stat().st_size > 0
 
 
-def test_demo_options_and_loss_alias(capsys, tmp_path):
-    code, _, err = run(capsys, "demo", "--epochs", "1", "--sampler", "proximity,uniform",
+def test_demo_options_and_loss_alias(cli, tmp_path):
+    code, _, err = cli("demo", "--epochs", "1", "--sampler", "proximity,uniform",
                        "--loss", "debiased", "--batch-size", "200", "--candidates", "300",
                        "--neighbors", "30", "--restart", "0.5", "0.1", "--refresh-every", "3",
                        "--no-plots", "--out", str(tmp_path))
@@ -135,16 +125,16 @@ def test_demo_output_folder_is_ignored_by_git():
     (["demo", "--restart", "0.2", "2"], "expected a number in [0, 1]"),
     (["demo", "--temperature", "-1"], "expected a positive number"),
 ])
-def test_demo_errors_exit_2_without_traceback(capsys, argv, message):
-    code, _, err = run(capsys, *argv)
+def test_demo_errors_exit_2_without_traceback(cli, argv, message):
+    code, _, err = cli(*argv)
     assert code == 2
     assert message in err and "Traceback" not in err
 
 
-def test_out_is_a_file_is_a_clear_error(capsys, tmp_path):
+def test_out_is_a_file_is_a_clear_error(cli, tmp_path):
     blocker = tmp_path / "file.txt"
     blocker.write_text("x")
-    code, _, err = run(capsys, "demo", "--epochs", "1", "--sampler", "uniform", "--no-plots",
+    code, _, err = cli("demo", "--epochs", "1", "--sampler", "uniform", "--no-plots",
                        "--out", str(blocker))
     assert code == 2 and "hardbatch demo: error:" in err
 
