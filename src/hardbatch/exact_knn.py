@@ -14,8 +14,8 @@ from ._device import matmul_fp32
 __all__ = ["exact_neighbors"]
 
 
-def exact_neighbors(x: torch.Tensor, rows: torch.Tensor, k: int, block_rows: int = 1024,
-                    emb: torch.Tensor | None = None) -> torch.Tensor:
+def exact_neighbors(x: torch.Tensor, rows: torch.Tensor, k: int,
+                    block_rows: int = 1024) -> torch.Tensor:
     """The ``k`` items of ``x`` with the largest inner product with each item of ``rows``,
     the item itself excluded.
 
@@ -24,8 +24,6 @@ def exact_neighbors(x: torch.Tensor, rows: torch.Tensor, k: int, block_rows: int
         rows: ``[R]`` int64 item ids (on ``x``'s device).
         k: neighbours per row, ``k < N``.
         block_rows: rows per product (memory: ``block_rows x N`` similarities).
-        emb: the rows' embeddings ``x[rows]`` when the caller has them (a contiguous slice
-            avoids a gather); default gathered block by block.
 
     Returns:
         ``[R, k]`` int64 on ``x``'s device, by decreasing similarity (ties: torch.topk's order).
@@ -40,8 +38,7 @@ def exact_neighbors(x: torch.Tensor, rows: torch.Tensor, k: int, block_rows: int
     out = torch.empty((len(rows), k), dtype=torch.int64, device=x.device)
     for s in range(0, len(rows), block_rows):
         r = rows[s:s + block_rows]
-        block = emb[s:s + block_rows] if emb is not None else x[r]
-        sims = matmul_fp32(block, x.T)
+        sims = matmul_fp32(x[r], x.T)
         sims[torch.arange(len(r), device=x.device), r] = -torch.inf
         out[s:s + len(r)] = sims.topk(k, dim=1, sorted=True).indices
     return out

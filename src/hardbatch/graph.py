@@ -92,8 +92,7 @@ class KNNGraphPlan:
         for s in range(start, end, self.rows_per_block):
             e = min(end, s + self.rows_per_block)
             rows = torch.arange(s, e, device=self.device)
-            out[s - start:e - start] = exact_neighbors(emb, rows, self.neighbors, e - s,
-                                                       emb=emb[s:e]).cpu()
+            out[s - start:e - start] = exact_neighbors(emb, rows, self.neighbors, e - s).cpu()
             sims_bytes = (e - s) * self.num_items * 4  # float32 similarities
             self.block_bytes = max(self.block_bytes, sims_bytes + (e - s) * self.neighbors * 12)
             bar.update(1)

@@ -39,8 +39,8 @@ import torch
 
 from . import _rng
 from ._logging import BuildLog, get_logger, progress_bar
-from .exact_knn import exact_neighbors
 from ._validation import check_int, embedding_tensor
+from .exact_knn import exact_neighbors
 
 __all__ = ["AUTO_EXACT_MAX_ITEMS", "AUTO_SAMPLER_MIN_STEPS", "INDEX_KINDS", "KNN_METHODS",
            "NeighborIndex", "RECALL_MARGIN", "RECALL_TARGET", "SAMPLER_METHODS",
@@ -324,7 +324,7 @@ def _exact_graph(x: np.ndarray, k: int, progress) -> torch.Tensor:
     xt, out = torch.from_numpy(x), torch.empty((n, k), dtype=torch.int64)
     for s in range(0, n, 4096):
         e = min(n, s + 4096)
-        out[s:e] = exact_neighbors(xt, torch.arange(s, e), k, emb=xt[s:e])
+        out[s:e] = exact_neighbors(xt, torch.arange(s, e), k)
         bar.update(1)
     bar.close()
     return out
