@@ -97,7 +97,7 @@ def add_demo_parser(subparsers) -> argparse.ArgumentParser:
     variants = p.add_subparsers(dest="variant", metavar="[code]", required=False,
                                 title="variant (optional)")
     code = variants.add_parser(
-        "code", help="what a hard batch holds on code-search data (no training, ~1 minute)",
+        "code", help="what a hard batch holds on code-search data (no training, ~20 s)",
         description=_CODE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     code.add_argument("--batch-size", type=positive_int, default=64, metavar="B",
                       help="batch size (default 64)")
@@ -111,9 +111,9 @@ _CODE_DESCRIPTION = """\
 Draw --pairs docstring -> function-code pairs from shared/data/code/train, embed their queries
 with all-MiniLM-L6-v2 (offline weights), and print one epoch's batch hardness, packages per batch
 and repeated queries for the uniform sampler and a hard one (GCBS by default), the queries of
-the first batch of each side by side, and the measured effect of hard batches on fine-tuning
-(docs/results/code_search.md, computed from its result files). No training; about a minute on
-2 CPU cores.
+the batch of median hardness of each side by side, and the measured effect of hard batches on fine-tuning
+(docs/results/code_search.md, computed from its result files). No training; about 20 s on 2 idle
+CPU cores.
 example: hardbatch demo code --hard-sampler community --show 24"""
 
 

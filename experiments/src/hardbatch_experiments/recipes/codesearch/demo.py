@@ -12,8 +12,8 @@ hardness of each, side by side; then the
 measured effect of such batches on fine-tuning, computed from the result files of
 ``docs/results/code_search.md`` when the repository's ``results/code_search/confirm`` is at hand.
 
-Pure functions (:func:`epoch_batches`, :func:`batch_summary`, :func:`median_batch`,
-:func:`side_by_side`, :func:`measured_effects`) and one runner (:func:`run_code_demo`); no training happens here.
+Pure functions (:func:`epoch_batches`, :func:`batch_summary`, :func:`repeated_queries`,
+:func:`median_batch`, :func:`side_by_side`, :func:`measured_effects`) and one runner (:func:`run_code_demo`); no training happens here.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import argparse
 import os
 import textwrap
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -33,7 +34,7 @@ from hardbatch.metrics import batch_hardness
 from .data import load_code_pairs, split_path
 
 __all__ = ["add_code_demo_arguments", "batch_summary", "epoch_batches", "measured_effects",
-           "median_batch", "run_code_demo", "side_by_side"]
+           "median_batch", "repeated_queries", "run_code_demo", "side_by_side"]
 
 #: The result folder of the pre-registered confirmation, relative to the repository root.
 CONFIRM = Path("results") / "code_search" / "confirm"
@@ -51,23 +52,24 @@ def epoch_batches(sampler_name: str, embeddings: np.ndarray, batch_size: int, se
     return [np.asarray(b, dtype=np.int64) for b in sampler]
 
 
+def repeated_queries(batches: Sequence[np.ndarray], queries: Sequence[str]) -> np.ndarray:
+    """Per batch, the queries whose exact text another query of the batch has (in-batch false
+    negatives for MNRL)."""
+    return np.asarray([sum(c for c in Counter(queries[i] for i in b).values() if c > 1)
+                       for b in batches])
+
+
 def batch_summary(embeddings: np.ndarray, batches: Sequence[np.ndarray],
                   queries: Sequence[str], packages: Sequence[str]) -> dict:
     """Over ``batches``: ``hardness`` (per batch, :func:`hardbatch.metrics.batch_hardness` in
-    ``embeddings``), ``packages`` (distinct packages per batch), ``repeated`` (queries per
-    batch whose exact text another query of the batch has: in-batch false negatives for MNRL)
-    and ``batches``; means in ``mean_*``."""
-    hard, pk, rep = [], [], []
-    for b in batches:
-        hard.append(batch_hardness(embeddings, b))
-        pk.append(len({packages[i] for i in b}))
-        counts: dict[str, int] = {}
-        for i in b:
-            counts[queries[i]] = counts.get(queries[i], 0) + 1
-        rep.append(sum(c for c in counts.values() if c > 1))
-    return {"hardness": np.asarray(hard), "packages": np.asarray(pk), "repeated": np.asarray(rep),
-            "batches": len(batches), "mean_hardness": float(np.mean(hard)),
-            "mean_packages": float(np.mean(pk)), "mean_repeated": float(np.mean(rep))}
+    ``embeddings``), ``packages`` (distinct packages per batch), ``repeated``
+    (:func:`repeated_queries`) and ``batches``; means in ``mean_*``."""
+    hard = np.asarray([batch_hardness(embeddings, b) for b in batches])
+    pk = np.asarray([len({packages[i] for i in b}) for b in batches])
+    rep = repeated_queries(batches, queries)
+    return {"hardness": hard, "packages": pk, "repeated": rep, "batches": len(batches),
+            "mean_hardness": float(np.mean(hard)), "mean_packages": float(np.mean(pk)),
+            "mean_repeated": float(np.mean(rep))}
 
 
 def median_batch(hardness: np.ndarray) -> int:
@@ -174,19 +176,21 @@ def run_code_demo(args: argparse.Namespace) -> int:
     names = ("uniform", hard_name)
     plans = {n: epoch_batches(n, emb, b, args.seed, pairs.queries) for n in names}
     stats = {n: batch_summary(emb, plans[n], pairs.queries, pairs.packages) for n in names}
-    bare = {n: batch_summary(emb, epoch_batches(n, emb, b, args.seed), pairs.queries,
-                             pairs.packages) for n in names}
+    bare = {n: float(np.mean(repeated_queries(epoch_batches(n, emb, b, args.seed),
+                                              pairs.queries))) for n in names}
     print(f"\nhardbatch demo code: B = {b}, {stats['uniform']['batches']} batches per epoch, "
           f"measured in the starting model's query embedding ({t_enc:.0f} s to load and "
           f"embed)\n")
     w = max(len(hard_name), 7)
     print(f"  {'per batch, mean over the epoch':<52} {'uniform':>{w}} {hard_name:>{w}}")
-    rows = (("batch hardness (top-1 negative cosine)", stats, "mean_hardness"),
-            ("packages per batch", stats, "mean_packages"),
-            ("queries with a word-for-word twin in the batch", bare, "mean_repeated"),
-            ("  the same with duplicate_keys=queries (shown)", stats, "mean_repeated"))
-    for what, table, key in rows:
-        print(f"  {what:<52} {table['uniform'][key]:>{w}.3f} {table[hard_name][key]:>{w}.3f}")
+    rows = (("batch hardness (top-1 negative cosine)",
+             {n: stats[n]["mean_hardness"] for n in names}),
+            ("packages per batch", {n: stats[n]["mean_packages"] for n in names}),
+            ("queries with a word-for-word twin in the batch", bare),
+            ("  the same with duplicate_keys=queries (shown)",
+             {n: stats[n]["mean_repeated"] for n in names}))
+    for what, value in rows:
+        print(f"  {what:<52} {value['uniform']:>{w}.3f} {value[hard_name]:>{w}.3f}")
     k = min(args.show, b)
     pick = {n: plans[n][median_batch(stats[n]["hardness"])] for n in names}
     print(f"\nThe batch of median hardness of each ({k} of its {b} queries; package in "
