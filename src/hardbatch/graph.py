@@ -168,7 +168,8 @@ def knn_graph(embeddings: torch.Tensor | np.ndarray, neighbors: int = 100, *,
     x = embedding_tensor(embeddings)
     method = resolve_knn_method(method, x.shape[0], resolve_device(device), precision)
     if method in ("hnsw", "auto-ivf"):
-        return index_knn_graph(x, neighbors, method, seed=seed, nlist=nlist, progress=progress)
+        return index_knn_graph(x, neighbors, method, seed=seed, nlist=nlist, progress=progress,
+                               check_finite=False)  # x is checked above
     with BuildLog(_LOG, "knn_graph", method=method) as log:
         plan = KNNGraphPlan(x, neighbors, method, device, precision, nlist, nprobe, seed)
         log.set(n=plan.num_items, d=plan.x.shape[1], neighbors=plan.neighbors)

@@ -167,6 +167,8 @@ class NeighborIndex:
             built single-threaded with ``random_seed=seed``: deterministic).
         seed: training sample, k-means and level draws.
         nlist: IVF lists (default ``max(1, min(N // 39, round(2 sqrt(N))))``).
+        check_finite: refuse NaN / inf in ``x`` (a pass over it); ``False`` only for rows
+            already checked (as in ``scipy.linalg``).
 
     :meth:`tune` sets the search breadth (``nprobe`` or ``ef``) from a measured recall,
     :meth:`search` finds the nearest rows of queries (-1 where the probed lists hold too few).
@@ -180,11 +182,12 @@ class NeighborIndex:
         (2, True, (2, 3))
     """
 
-    def __init__(self, x, kind: str = "ivf", seed: int = 0, nlist: int | None = None) -> None:
+    def __init__(self, x, kind: str = "ivf", seed: int = 0, nlist: int | None = None, *,
+                 check_finite: bool = True) -> None:
         if kind not in INDEX_KINDS:
             raise ValueError(f"kind={kind!r} must be one of {list(INDEX_KINDS)}")
         lib = _import(kind)
-        self.x = embedding_tensor(x).cpu().numpy()
+        self.x = embedding_tensor(x, finite=check_finite).cpu().numpy()
         n, d = self.x.shape
         self.kind, self.seed, self.num_items, self.dim = kind, int(seed), n, d
         if kind == "ivf":
@@ -273,9 +276,11 @@ def _exact_rows(x: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
 
 
 def index_knn_graph(embeddings, neighbors: int, method: str = "hnsw", *, seed: int = 0,
-                    nlist: int | None = None, progress: bool | None = None) -> torch.Tensor:
+                    nlist: int | None = None, progress: bool | None = None,
+                    check_finite: bool = True) -> torch.Tensor:
     """The kNN graph [N, K] from a tuned :class:`NeighborIndex` (``method`` ``"hnsw"`` or
-    ``"auto-ivf"``; what :func:`hardbatch.knn_graph` runs for them).
+    ``"auto-ivf"``; what :func:`hardbatch.knn_graph` runs for them). The embeddings are
+    checked for NaN / inf once (not with ``check_finite=False``: rows already checked).
 
     ``"auto-ivf"`` falls back to the exact graph when the tuned ``nprobe`` would pass
     ``nlist / 16``. Logs one INFO record on ``hardbatch.graph`` (method ``"faiss-ivf"`` or
@@ -292,13 +297,13 @@ def index_knn_graph(embeddings, neighbors: int, method: str = "hnsw", *, seed: i
         raise ValueError(f"method={method!r} must be 'hnsw' or 'auto-ivf'")
     kind = "hnsw" if method == "hnsw" else "ivf"
     with BuildLog(_LOG, "knn_graph", method="hnsw" if kind == "hnsw" else "faiss-ivf") as log:
-        x = embedding_tensor(embeddings)
+        x = embedding_tensor(embeddings, finite=check_finite)
         n = x.shape[0]
         k = check_int(neighbors, "neighbors", low=1)
         if k >= n:
             raise ValueError(f"neighbors={neighbors} must be smaller than the number of items "
                              f"N={n}")
-        index = NeighborIndex(x, kind, seed, nlist)
+        index = NeighborIndex(x, kind, seed, nlist, check_finite=False)
         recall = index.tune(k)
         log.set(n=n, d=index.dim, neighbors=k, breadth=index.breadth, sample_recall=recall)
         if kind == "ivf" and recall < RECALL_TARGET + RECALL_MARGIN:

@@ -154,6 +154,29 @@ def test_index_graph_bad_inputs(data, method):
             hb.knn_graph(bad, K, method="hnsw")
 
 
+
+def test_auto_checks_the_embeddings_once(data, monkeypatch):
+    """knn_graph(method="auto") on the IVF path: one NaN / inf pass over the rows, not one per
+    layer (knn_graph, index_knn_graph, NeighborIndex); check_finite=False skips it."""
+    x, _ = data
+    passes = []
+    isfinite = torch.isfinite
+    monkeypatch.setattr(torch, "isfinite", lambda t: passes.append(t.shape) or isfinite(t))
+    monkeypatch.setattr(ni, "AUTO_EXACT_MAX_ITEMS", 1000)
+    hb.knn_graph(x, K)
+    assert passes.count(x.shape) == 1
+    passes.clear()
+    index_knn_graph(x, K, "auto-ivf")
+    assert passes.count(x.shape) == 1
+    passes.clear()
+    bad = x.copy()
+    bad[5, 0] = np.inf
+    assert NeighborIndex(bad, "ivf", nlist=4, check_finite=False).num_items == len(x)
+    assert passes == []
+    with pytest.raises(ValueError, match="embeddings contains NaN or inf .*row 5"):
+        NeighborIndex(bad, "ivf", nlist=4)
+
+
 def test_knn_sampler_with_an_index(data):
     x, _ = data
     exact = hb.KNNBatchSampler(x, 16, refresh_every=None, seed=0, method="exact")

@@ -89,10 +89,11 @@ class KNNBatchSampler(EmbeddingSampler):
         return self._indexed(snapshot)
 
     def _indexed(self, snapshot: torch.Tensor):
-        """The snapshot, or (snapshot, its tuned index) for an index method."""
+        """The snapshot (checked), or (snapshot, its tuned index) for an index method."""
         if self.index_kind is None:
             return snapshot
-        index = NeighborIndex(snapshot, self.index_kind, seed=self.seed)
+        index = NeighborIndex(snapshot, self.index_kind, seed=self.seed,
+                              check_finite=False)  # build() checked it
         if index.tune(self.plan_batch_size - 1) < RECALL_TARGET + RECALL_MARGIN and \
                 self.method == "auto":
             return snapshot  # data without cluster structure: the exact product per batch
@@ -139,5 +140,5 @@ class KNNBatchSampler(EmbeddingSampler):
         """The snapshot saved by :meth:`save_structure` on ``device``, or None."""
         if "snapshot" not in state:
             return None
-        return self._indexed(torch.as_tensor(state["snapshot"], dtype=torch.float32)
+        return self._indexed(embedding_tensor(state["snapshot"], "the state's snapshot")
                              .to(self.device))
