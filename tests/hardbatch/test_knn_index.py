@@ -154,7 +154,6 @@ def test_index_graph_bad_inputs(data, method):
             hb.knn_graph(bad, K, method="hnsw")
 
 
-
 def test_auto_checks_the_embeddings_once(data, monkeypatch):
     """knn_graph(method="auto") on the IVF path: one NaN / inf pass over the rows, not one per
     layer (knn_graph, index_knn_graph, NeighborIndex); check_finite=False skips it."""
