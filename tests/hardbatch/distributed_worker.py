@@ -244,6 +244,21 @@ def check_trainer_skip(rank: int, world: int) -> None:
     assert all(torch.equal(t, everyone[0][1]) and s == everyone[0][2] for _, t, s in everyone)
 
 
+def _shutdown() -> None:
+    """Destroy the process group while the interpreter is fully alive, then leave without its
+    finalisation: the checks have passed. Gloo's worker threads can still hold work objects
+    (a DDP reducer keeps the group alive past destroy_process_group), and destroying them during
+    interpreter teardown aborts the process ("terminate called without an active exception",
+    exit -6; pytorch/pytorch#179291), a rare failure of a run whose checks all passed."""
+    import gc
+
+    gc.collect()  # the DDP model and the Trainer of check_trainer_skip, in reference cycles
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def main_trainer() -> None:
     from datetime import timedelta
 
@@ -253,7 +268,7 @@ def main_trainer() -> None:
     check_trainer_skip(rank, world)
     dist.barrier()
     print(f"RANK {rank} OK", flush=True)
-    dist.destroy_process_group()
+    _shutdown()
 
 
 def main() -> None:
@@ -274,7 +289,7 @@ def main() -> None:
     check_text_encoding(rank, world)
     dist.barrier()
     print(f"RANK {rank} OK", flush=True)
-    dist.destroy_process_group()
+    _shutdown()
 
 
 if __name__ == "__main__":
