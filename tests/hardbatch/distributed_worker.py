@@ -1,6 +1,6 @@
 """One rank of the torchrun test (tests/hardbatch/test_distributed.py); run it with
 
-    torchrun --standalone --nproc_per_node=2 tests/hardbatch/distributed_worker.py
+    PYTHONPATH=tests torchrun --standalone --nproc_per_node=2 tests/hardbatch/distributed_worker.py
 
 Checks, on gloo (CPU): all_gather_rows with uneven sizes, sharded proximity / kNN
 graphs and GCBS orders == the single-process ones, EmbeddingBank synchronisation, identical plans and
@@ -26,6 +26,7 @@ import torch.distributed as dist
 import hardbatch as hb
 import hardbatch.distributed as hbdist
 import hardbatch._device as hbdevice
+from support import end_torchrun_worker
 
 N, D, B = 600, 16, 40
 
@@ -244,21 +245,6 @@ def check_trainer_skip(rank: int, world: int) -> None:
     assert all(torch.equal(t, everyone[0][1]) and s == everyone[0][2] for _, t, s in everyone)
 
 
-def _shutdown() -> None:
-    """Destroy the process group while the interpreter is fully alive, then leave without its
-    finalisation: the checks have passed. Gloo's worker threads can still hold work objects
-    (a DDP reducer keeps the group alive past destroy_process_group), and destroying them during
-    interpreter teardown aborts the process ("terminate called without an active exception",
-    exit -6; pytorch/pytorch#179291), a rare failure of a run whose checks all passed."""
-    import gc
-
-    gc.collect()  # the DDP model and the Trainer of check_trainer_skip, in reference cycles
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 def main_trainer() -> None:
     from datetime import timedelta
 
@@ -268,7 +254,7 @@ def main_trainer() -> None:
     check_trainer_skip(rank, world)
     dist.barrier()
     print(f"RANK {rank} OK", flush=True)
-    _shutdown()
+    end_torchrun_worker()
 
 
 def main() -> None:
@@ -289,7 +275,7 @@ def main() -> None:
     check_text_encoding(rank, world)
     dist.barrier()
     print(f"RANK {rank} OK", flush=True)
-    _shutdown()
+    end_torchrun_worker()
 
 
 if __name__ == "__main__":

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from support import unit_rows
+from support import unit_rows, run_torchrun
 
 import hardbatch as hb
 import hardbatch.distributed as hbdist
@@ -24,14 +20,7 @@ needs_gloo = pytest.mark.skipif(not torch.distributed.is_available() or
 
 
 def _torchrun(*args: str, timeout: int) -> None:
-    torchrun = shutil.which("torchrun")
-    cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
-        "--standalone", "--nproc_per_node=2", str(WORKER), *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                          check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    out = run_torchrun(WORKER, *args, timeout=timeout)
     assert "RANK 0 OK" in out and "RANK 1 OK" in out, out[-6000:]
 
 

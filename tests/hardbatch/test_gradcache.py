@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 import re
-import shutil
-import subprocess
-import sys
 import textwrap
 import warnings
 
 import pytest
 import torch
-from support import REPO
+from support import REPO, run_torchrun
 from torch import nn
 
 import hardbatch as hb
@@ -415,6 +411,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 import hardbatch as hb
 from hardbatch.gradcache import GradCache
+from support import end_torchrun_worker
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -481,7 +478,7 @@ if "gather" in inspect.signature(hb.info_nce).parameters:
     print(f"RANK {rank} GATHER OK", flush=True)
 print(f"RANK {rank} OK", flush=True)
 torch.distributed.barrier()
-torch.distributed.destroy_process_group()  # no gloo / DDP threads left alive at exit
+end_torchrun_worker()
 '''
 
 
@@ -494,13 +491,7 @@ def test_ddp_two_ranks_gloo(tmp_path):
     shared encoder and two towers, and with ``gather=True`` the global batch's gradient."""
     worker = tmp_path / "gradcache_worker.py"
     worker.write_text(DDP_WORKER)
-    torchrun = shutil.which("torchrun")
-    cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
-        "--standalone", "--nproc_per_node=2", str(worker)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    out = run_torchrun(worker, timeout=300)
     assert "RANK 0 OK" in out and "RANK 1 OK" in out, out[-6000:]
     if "gather" in inspect.signature(hb.info_nce).parameters:
         assert "RANK 0 GATHER OK" in out and "RANK 1 GATHER OK" in out, out[-6000:]

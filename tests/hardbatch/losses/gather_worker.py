@@ -1,6 +1,6 @@
 """One rank of the gathered-negatives test (tests/hardbatch/losses/test_gather.py); run it with
 
-    torchrun --standalone --nproc_per_node=2 tests/hardbatch/losses/gather_worker.py
+    PYTHONPATH=tests torchrun --standalone --nproc_per_node=2 tests/hardbatch/losses/gather_worker.py
 
 On gloo (CPU), float64: a tiny linear encoder under DistributedDataParallel, every loss with
 ``gather=True`` (both forms; labels, false_negatives, extra negatives, SSCL's random synthetic
@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import hardbatch as hb
 from hardbatch.integrations.sentence_transformers import SentenceTransformerLoss
+from support import end_torchrun_worker
 
 D_IN, D = 6, 4
 SIZES = {2: [5, 3], 3: [4, 0, 3]}  # uneven local batch sizes (a short or empty last batch)
@@ -207,7 +208,7 @@ def main() -> None:
     dist.barrier()
     print(f"RANK {rank} OK ({checked} gradient cases, world {world}, pid {os.getpid()})",
           flush=True)
-    dist.destroy_process_group()
+    end_torchrun_worker()
 
 
 if __name__ == "__main__":

@@ -4,16 +4,13 @@ every rank), and the single-process behaviour (a no-op with one warning)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from loss_reference import pair
+from support import run_torchrun
 
 import hardbatch as hb
 import hardbatch.distributed as hbdist
@@ -27,13 +24,7 @@ WORKER = Path(__file__).with_name("gather_worker.py")
                     reason="torch.distributed with gloo is not available")
 @pytest.mark.parametrize("world", [2, 3])
 def test_torchrun_gathered_losses(world):
-    torchrun = shutil.which("torchrun")
-    cmd = ([torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]) + [
-        "--standalone", f"--nproc_per_node={world}", str(WORKER)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+    out = run_torchrun(WORKER, nproc=world, timeout=300)
     for rank in range(world):
         assert f"RANK {rank} OK (40 gradient cases, world {world}" in out, out[-6000:]
 
