@@ -4,12 +4,13 @@ Recorded once with the code before the package layout changed (issue 16) and kep
 ``golden.pt``; ``test_golden.py`` recomputes every case and compares. Uses only public API
 (``hardbatch.*``), so it survives moves of private code.
 
-Regenerate (only when behaviour is meant to change, and say so in the commit):
-``python tests/golden/cases.py --write``.
+How to add or re-record cases without breaking other machines: ``README.md`` beside this file
+(``python tests/golden/cases.py --add`` / ``--pin`` / ``--rewrite KEY``).
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from pathlib import Path
@@ -361,21 +362,167 @@ def all_cases() -> dict[str, torch.Tensor]:
     return {**sampler_cases(), **loss_cases(), **loss_option_cases()}
 
 
-def machine() -> str:
-    cpu = ""
+# CPU flags that select different vectorised kernels in torch, MKL, oneDNN or OpenBLAS
+KERNEL_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+                "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8",
+                "asimd", "sve", "sve2")
+# environment variables that change which kernels run
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE",
+              "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA")
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    out: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            if not line.strip():
+                if out:
+                    break
+                continue
+            key, _, value = line.partition(":")
+            out.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return f"{platform.machine()}|{cpu}|torch {torch.__version__}|numpy {np.__version__}"
+    return out
+
+
+def _torch_blas() -> str:
+    for line in torch.__config__.show().splitlines():
+        if "Math Kernel Library Version" in line:
+            return "mkl " + line.split("Version", 1)[1].split("-")[0].strip()
+    return "mkl" if torch.backends.mkl.is_available() else "blas ?"
+
+
+def _numpy_blas() -> str:
+    """NumPy's BLAS, its version and the core type it dispatched to at run time."""
+    try:
+        from threadpoolctl import threadpool_info
+        for lib in threadpool_info():
+            if lib.get("user_api") == "blas" and "numpy" in str(lib.get("filepath", "")):
+                return f"{lib.get('internal_api')} {lib.get('version')} {lib.get('architecture')}"
+    except Exception:  # threadpoolctl absent or failing: the build's record
+        pass
+    blas = np.__config__.CONFIG.get("Build Dependencies", {}).get("blas", {})
+    return f"{blas.get('name', '?')} {blas.get('version', '?')}"
+
+
+def machine() -> str:
+    """The key of the kernels a float result depends on: the processor (vendor, family, model:
+    every EPYC generation says "AMD EPYC" in its name), the CPU capability torch dispatches to,
+    torch's and NumPy's BLAS (with the core type OpenBLAS picked), the CPU flags that change
+    kernels, the environment variables that override them, and the library versions. Two
+    machines with the same key run the same kernels, so their floats are compared bit for bit."""
+    info = _cpuinfo()
+    cpu = "/".join(info.get(k, "?") for k in ("vendor_id", "cpu family", "model"))
+    flags = set((info.get("flags") or info.get("Features") or "").split())
+    kernel_flags = ",".join(f for f in KERNEL_FLAGS if f in flags)
+    env = ",".join(f"{k}={os.environ[k]}" for k in KERNEL_ENV if k in os.environ)
+    return "|".join([
+        platform.machine(), cpu, info.get("model name", "?"),
+        f"cap {torch.backends.cpu.get_cpu_capability()}", f"torch blas {_torch_blas()}",
+        f"numpy blas {_numpy_blas()}", f"flags {kernel_flags}", f"env {env}",
+        f"threads {torch.get_num_threads()}",
+        f"torch {torch.__version__}", f"numpy {np.__version__}"])
+
+
+def tolerance(want: torch.Tensor) -> float:
+    """The tolerance of a float case on a machine whose kernels differ from the recording's:
+    1e-12 for float64, 1e-6 (relative and absolute) for float32 and half inputs (computed in
+    float32). A change of formula moves values by far more."""
+    return 1e-12 if want.dtype == torch.float64 else 1e-6
+
+
+def compare(key: str, got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor | None = None
+            ) -> None:
+    """Raise when ``got`` differs from the recorded ``want``: integers and booleans bit for bit;
+    floats within :func:`tolerance` of the first recording and, where ``exact`` holds this
+    machine kind's own values (``--pin``), bit for bit to those."""
+    assert got.dtype == want.dtype and got.shape == want.shape, (key, got.dtype, got.shape)
+    if not want.is_floating_point():
+        assert torch.equal(got, want), key
+        return
+    tol = tolerance(want)
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=lambda m: f"{key}: {m}")
+    if exact is not None:
+        assert torch.equal(got, exact), f"{key}: not bit-identical to the values pinned on {machine()}"
+
+
+def load() -> dict:
+    """The fixture: ``cases`` (the reference values), ``recorded_on`` (per case, the machine key
+    that recorded it; keys of the old format are kept as they were) and ``exact`` (per machine
+    key, the float values pinned there, compared bit for bit on that kind only)."""
+    data = torch.load(FIXTURE, weights_only=True)
+    recorded = {k: data.get("recorded_on", {}).get(k, data.get("machine", "?"))
+                for k in data["cases"]}
+    return {"format": 2, "cases": data["cases"], "recorded_on": recorded,
+            "exact": data.get("exact", {})}
+
+
+def save(data: dict) -> None:
+    tmp = FIXTURE.with_suffix(".tmp")
+    torch.save(data, tmp)
+    os.replace(tmp, FIXTURE)
+
+
+USAGE = """usage: python tests/golden/cases.py COMMAND
+  --add           record the cases that the fixture lacks (new cases) on this machine; the
+                  recorded cases must still match (else nothing is written)
+  --pin           keep this machine kind's float values for bit-for-bit comparison here
+                  (every case must first match its reference within tolerance)
+  --rewrite KEY.. re-record the named cases (prefixes allowed) because their behaviour is meant
+                  to change; their pins on other machine kinds are dropped
+  --write         re-record every case from scratch (a change of behaviour everywhere)"""
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("--add", "--pin", "--rewrite", "--write"):
+        print(USAGE)
+        return 2
+    here, cases = machine(), all_cases()
+    if argv[0] == "--write":
+        data = {"format": 2, "cases": cases, "recorded_on": dict.fromkeys(cases, here),
+                "exact": {}}
+        save(data)
+        print(f"wrote {len(cases)} cases recorded on {here}")
+        return 0
+    data = load()
+    rewrite = [k for k in cases if any(k.startswith(p) for p in argv[1:])] \
+        if argv[0] == "--rewrite" else []
+    if argv[0] == "--rewrite" and not rewrite:
+        print(f"--rewrite {' '.join(argv[1:])}: no case starts with that; see the case names "
+              "with --add's listing")
+        return 2
+    bad = []
+    for key, got in cases.items():
+        if key in data["cases"] and key not in rewrite:
+            try:
+                compare(key, got, data["cases"][key])
+            except AssertionError as err:
+                bad.append(f"{key}: {str(err).splitlines()[0]}")
+    if bad:
+        print(f"{len(bad)} recorded case(s) changed; nothing written (use --rewrite KEY if the "
+              "change is meant):\n  " + "\n  ".join(bad[:20]))
+        return 1
+    stale = sorted(set(data["cases"]) - set(cases))
+    for key in stale:
+        data["cases"].pop(key)
+        data["recorded_on"].pop(key)
+    new = [k for k in cases if k not in data["cases"]] + rewrite
+    for key in new:
+        data["cases"][key], data["recorded_on"][key] = cases[key], here
+        for pins in data["exact"].values():
+            pins.pop(key, None)
+    floats = new if argv[0] != "--pin" else list(cases)
+    pins = data["exact"].setdefault(here, {})
+    pins.update({k: cases[k] for k in floats if cases[k].is_floating_point()})
+    if not pins:
+        data["exact"].pop(here)
+    save(data)
+    print(f"{len(new)} case(s) recorded, {len(stale)} removed, {len(pins)} float case(s) pinned "
+          f"for {here}")
+    return 0
 
 
 if __name__ == "__main__":
-    if "--write" not in sys.argv:
-        sys.exit("usage: python tests/golden/cases.py --write")
-    cases = all_cases()
-    torch.save({"machine": machine(), "cases": cases}, FIXTURE)
-    print(f"wrote {len(cases)} cases to {FIXTURE} ({FIXTURE.stat().st_size} bytes)")
+    sys.exit(main(sys.argv[1:]))
