@@ -181,9 +181,32 @@ def test_parse_arms():
     assert [(a.name, a.sampler, a.mined, a.encodes) for a in zero] == [
         ("zeroshot", "zeroshot", False, False)]
     assert "zeroshot" not in [a.name for a in parse_arms("all")]  # named explicitly only
-    for bad in ("bogus", "default+mined", "gcbs+hard", "nope+mined", "zeroshot+mined"):
+    hard = parse_arms("hardness,mined+hardness,community+mined+hardness,cluster+mined")
+    assert [(a.name, a.sampler, a.mined, a.hardness) for a in hard] == [
+        ("hardness", "default", False, True), ("mined+hardness", "default", True, True),
+        ("community+mined+hardness", "community", True, True),
+        ("cluster+mined", "cluster", True, False)]
+    for bad in ("bogus", "default+mined", "gcbs+hard", "nope+mined", "zeroshot+mined",
+                "hardness+mined", "mined+mined", "default+hardness"):
         with pytest.raises(ValueError, match="unknown arm"):
             parse_arms(bad)
+
+
+def test_hardness_arms_label_and_loss_options():
+    from types import SimpleNamespace
+
+    from hardbatch_experiments.recipes.codesearch.run import _loss_options, arm_label
+
+    args = SimpleNamespace(refresh="teacher", embed_column="query", range_max=50,
+                           hardness_mode="auto", hardness_strength=5.0)
+    pairs, triplets = parse_arms("hardness,mined+hardness")
+    assert arm_label(pairs, args) == "hardness@ib5"
+    assert arm_label(triplets, args) == "mined+hardness@all5"
+    assert _loss_options(triplets, args) == {"hardness_mode": "all_negatives",
+                                             "hardness_strength": 5.0}
+    assert _loss_options(parse_arms("mined")[0], args) == {}
+    args.hardness_mode, args.hardness_strength = "hard_negatives", 10.0
+    assert arm_label(triplets, args) == "mined+hardness@hn10"
 
 
 # ------------------------------------------------------------------------------ runs

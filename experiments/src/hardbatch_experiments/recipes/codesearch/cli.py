@@ -16,6 +16,7 @@ from ... import runs
 from .data import SPLITS, load_code_pairs, split_path
 from .evaluation import distractor_pools
 from .run import (
+    HARDNESS,
     MINED,
     MODEL,
     TAG_DEFAULTS,
@@ -35,7 +36,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"arm(s), comma-separated, or 'all': default (BatchSamplers."
                         f"NO_DUPLICATES), {MINED} (default + one mined hard negative per pair), "
                         f"a sampler of hardbatch.registry (uniform, knn, proximity, gcbs, ...), "
-                        f"SAMPLER+{MINED} (default: default)")
+                        f"SAMPLER+{MINED}; +{HARDNESS} on any of them weights the loss's "
+                        f"negatives by hardness (--hardness-strength) (default: default)")
     p.add_argument("--data-dir", default=None,
                    help="data folder holding code/{train,valid,test}.jsonl.gz (default: "
                         "$HARDBATCH_DATA, else ../shared/data)")
@@ -78,6 +80,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--relative-margin", type=float, default=0.05,
                    help=f"{MINED}: skip candidates scoring above (1 - margin) x the positive's "
                         "score (default 0.05)")
+    p.add_argument("--hardness-strength", type=positive_float, default=5.0,
+                   help="+hardness arms: MultipleNegativesRankingLoss(hardness_strength=...) "
+                        "(default 5)")
+    p.add_argument("--hardness-mode", default="auto",
+                   choices=("auto", "in_batch_negatives", "hard_negatives", "all_negatives"),
+                   help="+hardness arms: MultipleNegativesRankingLoss(hardness_mode=...); auto: "
+                        "all_negatives on mined triplets, in_batch_negatives on pairs")
     p.add_argument("--eval-split", default=TAG_DEFAULTS["eval_split"],
                    help="splits of the data folder to evaluate on, comma-separated, or 'none' "
                         "(default valid,test)")

@@ -44,12 +44,15 @@ from .model import (
     training_classes,
 )
 
-__all__ = ["K", "MINED", "MODEL", "TAG_DEFAULTS", "ZERO_SHOT", "Arm", "arm_label", "evaluate_model", "parse_arms",
+__all__ = ["HARDNESS", "HARDNESS_MODES", "K", "MINED", "hardness_mode", "MODEL", "TAG_DEFAULTS", "ZERO_SHOT", "Arm", "arm_label", "evaluate_model", "parse_arms",
            "result_path", "run_one", "run_tag"]
 
 MODEL = "all-MiniLM-L6-v2"
 #: The mined-negatives arm (``default`` + one mined negative per pair) and suffix (``knn+mined``).
 MINED = "mined"
+#: The suffix of the arms whose loss weights negatives by hardness (``hardness``,
+#: ``mined+hardness``, ``community+mined+hardness``).
+HARDNESS = "hardness"
 #: The arm that evaluates the starting model without training.
 ZERO_SHOT = "zeroshot"
 # options entering the run tag through a short hash when they differ from these values
@@ -61,11 +64,13 @@ K = 10
 
 
 class Arm(tuple):
-    """``(sampler, mined)``: the batch sampler (``"default"`` or a registry name) and whether
-    the pairs carry one mined hard negative. ``name`` is the arm as given on the command line."""
+    """``(sampler, mined, hardness)``: the batch sampler (``"default"`` or a registry name),
+    whether the pairs carry one mined hard negative, and whether the loss weights its negatives
+    by their hardness (sentence-transformers' ``MultipleNegativesRankingLoss(hardness_mode=...)``).
+    ``name`` is the arm as given on the command line."""
 
-    def __new__(cls, sampler: str, mined: bool):
-        return super().__new__(cls, (sampler, bool(mined)))
+    def __new__(cls, sampler: str, mined: bool, hardness: bool = False):
+        return super().__new__(cls, (sampler, bool(mined), bool(hardness)))
 
     @property
     def sampler(self) -> str:
@@ -76,22 +81,29 @@ class Arm(tuple):
         return self[1]
 
     @property
+    def hardness(self) -> bool:
+        return self[2]
+
+    @property
     def encodes(self) -> bool:
         """Whether the sampler reads embeddings (every registry sampler but ``uniform``)."""
         return self.sampler not in (DEFAULT_SAMPLER, "uniform", ZERO_SHOT)
 
     @property
     def name(self) -> str:
-        if self.sampler == DEFAULT_SAMPLER:
-            return MINED if self.mined else DEFAULT_SAMPLER
-        return f"{self.sampler}+{MINED}" if self.mined else self.sampler
+        parts = [] if self.sampler == DEFAULT_SAMPLER else [self.sampler]
+        parts += [MINED] * self.mined + [HARDNESS] * self.hardness
+        return "+".join(parts) or DEFAULT_SAMPLER
 
 
 def parse_arms(value: str) -> list[Arm]:
     """``"all"`` (``default``, ``mined`` and every registry sampler), or comma-separated arm
-    names (``default``, ``mined``, a registry sampler, ``SAMPLER+mined``), in order, once."""
+    names, in order, once: ``default``, ``mined``, ``hardness``, ``mined+hardness``, a registry
+    sampler, ``SAMPLER+mined``, ``SAMPLER+hardness``, ``SAMPLER+mined+hardness``, ``zeroshot``."""
     items = [v.strip().lower() for v in str(value).split(",") if v.strip()]
-    valid = (DEFAULT_SAMPLER, MINED, *sampler_names(), f"SAMPLER+{MINED}", ZERO_SHOT, "all")
+    valid = (DEFAULT_SAMPLER, MINED, HARDNESS, f"{MINED}+{HARDNESS}", *sampler_names(),
+             f"SAMPLER+{MINED}", f"SAMPLER+{HARDNESS}", f"SAMPLER+{MINED}+{HARDNESS}",
+             ZERO_SHOT, "all")
     if not items:
         raise ValueError(f"no arm given; use one of {', '.join(valid)}")
     if items == ["all"]:
@@ -99,22 +111,26 @@ def parse_arms(value: str) -> list[Arm]:
                 *(Arm(s, False) for s in sampler_names())]
     out = []
     for item in items:
-        base, plus, suffix = item.partition("+")
         try:
-            if item == ZERO_SHOT:
-                out.append(Arm(ZERO_SHOT, False))
-            elif item in (DEFAULT_SAMPLER, MINED):
-                out.append(Arm(DEFAULT_SAMPLER, item == MINED))
-            elif plus and suffix == MINED and base != DEFAULT_SAMPLER:
-                out.append(Arm(canonical_sampler(base), True))
-            elif not plus:
-                out.append(Arm(canonical_sampler(item), False))
-            else:
-                raise ValueError(item)
+            out.append(_parse_arm(item))
         except ValueError:
             raise ValueError(f"unknown arm {item!r}; use one of {', '.join(valid)} (SAMPLER: a "
                              f"sampler of hardbatch.registry)") from None
     return list(dict.fromkeys(out))
+
+
+def _parse_arm(item: str) -> Arm:
+    if item == ZERO_SHOT:
+        return Arm(ZERO_SHOT, False)
+    head, *mods = item.split("+")
+    if head in (MINED, HARDNESS):  # "mined", "hardness", "mined+hardness": default batches
+        head, mods = DEFAULT_SAMPLER, [head, *mods]
+    elif head == DEFAULT_SAMPLER and mods:
+        raise ValueError(item)
+    sampler = head if head == DEFAULT_SAMPLER else canonical_sampler(head)
+    if mods not in ([], [MINED], [HARDNESS], [MINED, HARDNESS]):
+        raise ValueError(item)
+    return Arm(sampler, MINED in mods, HARDNESS in mods)
 
 
 def arm_label(arm: Arm, args) -> str:
@@ -128,7 +144,25 @@ def arm_label(arm: Arm, args) -> str:
         label += f"@{args.embed_column}"
     if arm.mined and args.range_max != 50:
         label += f"@r{args.range_max}"
+    if arm.hardness:
+        mode = hardness_mode(arm, args)
+        label += f"@{HARDNESS_MODES[mode]}{args.hardness_strength:g}"
     return label
+
+
+#: ``--hardness-mode`` values and their short form in the result names.
+HARDNESS_MODES = {"in_batch_negatives": "ib", "hard_negatives": "hn", "all_negatives": "all"}
+
+
+def hardness_mode(arm: Arm, args) -> str | None:
+    """The ``hardness_mode`` of the arm's loss: None without ``+hardness``; ``--hardness-mode``
+    where given; else ``all_negatives`` on mined triplets and ``in_batch_negatives`` on pairs."""
+    if not arm.hardness:
+        return None
+    mode = getattr(args, "hardness_mode", "auto")
+    if mode == "auto":
+        return "all_negatives" if arm.mined else "in_batch_negatives"
+    return mode
 
 
 def run_tag(args, train_pairs: int) -> str:
@@ -212,7 +246,7 @@ def _hard_sampler(args, arm: Arm, model, train, seed_emb: np.ndarray):
 
 
 def _train(args, model, train, batch_sampler, lengths: dict, trace: dict, seed: int,
-           classes) -> tuple[float, int, float]:
+           classes, loss_options: dict) -> tuple[float, int, float]:
     """Fine-tune ``model`` with ``SentenceTransformerTrainer`` and MNRL; returns (wall seconds,
     steps, training loss)."""
     trainer_class, arguments_class, mnrl_class = classes
@@ -226,12 +260,20 @@ def _train(args, model, train, batch_sampler, lengths: dict, trace: dict, seed: 
             save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True,
             logging_steps=max(1, min(10, (args.steps or 100) // 10)), batch_sampler=batch_sampler)
         trainer = trainer_class(
-            model=model, args=targs, train_dataset=train, loss=mnrl_class(model, scale=args.scale),
+            model=model, args=targs, train_dataset=train, loss=mnrl_class(model, scale=args.scale, **loss_options),
             data_collator=column_length_collator(model, lengths),
             callbacks=[_trace_callback(trace, seed)])
         t0 = time.perf_counter()
         result = trainer.train()
         return time.perf_counter() - t0, int(result.global_step), float(result.training_loss)
+
+
+def _loss_options(arm: Arm, args) -> dict:
+    """The MNRL options beyond ``scale``: the hardness weighting of a ``+hardness`` arm."""
+    mode = hardness_mode(arm, args)
+    if mode is None:
+        return {}
+    return {"hardness_mode": mode, "hardness_strength": args.hardness_strength}
 
 
 def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_sets: dict,
@@ -276,7 +318,8 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
         train_wall, steps, train_loss = 0.0, 0, None
     else:
         train_wall, steps, train_loss = _train(args, model, train, batch_sampler, lengths,
-                                               trace, seed, training_classes())
+                                               trace, seed, training_classes(),
+                                               _loss_options(arm, args))
     trace.pop("last", None)
     sampler_s = sum(b.seconds for b in built)
     timings["encoding_refresh"] += sampler_s
@@ -297,14 +340,17 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
     hard = built[-1] if built else None
     record = {
         "benchmark": "codesearch", "arm": arm.name, "label": arm_label(arm, args),
-        "sampler": arm.sampler, "mined": arm.mined, "seed": seed,
+        "sampler": arm.sampler, "mined": arm.mined, "hardness": arm.hardness, "seed": seed,
         "tag": run_tag(args, len(train_pairs)),
         "config": {
             "model": args.model, "train_pairs": len(train_pairs), "train_rows": len(train),
             "train_limit": args.train_limit, "steps": args.steps, "epochs": args.epochs,
             "batch_size": args.batch_size, "lr": args.lr, "warmup_ratio": args.warmup_ratio,
             "optimizer": "AdamW (HF Trainer default), linear decay, no weight decay",
-            "loss": f"MultipleNegativesRankingLoss(scale={args.scale:g})",
+            "loss": f"MultipleNegativesRankingLoss(scale={args.scale:g}"
+                    + "".join(f", {k}={v!r}" for k, v in _loss_options(arm, args).items()) + ")",
+            "hardness_mode": hardness_mode(arm, args),
+            "hardness_strength": args.hardness_strength if arm.hardness else None,
             "max_seq_length_code": args.max_seq_length,
             "max_seq_length_query": args.max_query_length, "max_seq_length_eval": eval_len,
             "freeze_layers": args.freeze_layers, "parameters": params, "drop_last": True,
