@@ -175,7 +175,7 @@ def conflict_pairs(batches, keys) -> int:
 def bench_conflicts(n: int, b: int, repeat: int) -> dict:
     from _common import best_of
 
-    from hardbatch.integrations.sentence_transformers_texts import row_conflicts
+    from hardbatch.integrations.sentence_transformers import row_conflicts
     try:
         from sentence_transformers.base.sampler import NoDuplicatesBatchSampler
     except ImportError:  # sentence-transformers < 6

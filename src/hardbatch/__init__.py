@@ -21,6 +21,7 @@ from .losses import (
     info_nce,
     sscl_loss,
 )
+from .plan_files import PlanBatchSampler, read_plan, write_plan
 from .samplers import (
     ClusterBatchSampler,
     CommunityBatchSampler,
@@ -50,6 +51,7 @@ __all__ = [
     "KNNBatchSampler",
     "EpochStepDecay",
     "LinearDecay",
+    "PlanBatchSampler",
     "ProximityGraphSampler",
     "SSCLLoss",
     "SingleSourceBatchSampler",
@@ -64,6 +66,8 @@ __all__ = [
     "knn_graph",
     "near_duplicate_keys",
     "proximity_graph",
+    "read_plan",
     "sscl_loss",
     "walk_batches",
+    "write_plan",
 ]

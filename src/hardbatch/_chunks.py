@@ -11,17 +11,16 @@ autocast settings of the first pass.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import get_device_states, set_device_states
 
-__all__ = ["RandomState", "accelerator_tensors", "autocast_state", "batch_length", "slice_view",
-           "view_tensors"]
+__all__ = ["RandomState", "accelerator_tensors", "autocast_state", "batch_length", "forked_rng",
+           "rng_capturer", "slice_view", "view_tensors"]
 
 # Values of a mapping that are not per-item data: passed unchanged to every chunk.
 _CONSTANTS = (str, bytes, int, float, bool, type(None))
@@ -122,9 +121,9 @@ def accelerator_tensors(tensors: Sequence[Tensor]) -> list[Tensor]:
 @dataclass(frozen=True)
 class RandomState:
     """The CPU RNG state and the states of the accelerator devices of some tensors, taken at one
-    moment (``torch.utils.checkpoint.get_device_states``; the MPS generator apart, as
-    sentence-transformers' ``RandContext`` does); :meth:`restored` replays them inside
-    ``torch.random.fork_rng``, so the RNG outside is left as it was.
+    moment (the generators ``torch.utils.checkpoint.get_device_states`` takes; the MPS generator
+    apart, as sentence-transformers' ``RandContext`` does). :meth:`apply` sets them;
+    :meth:`restored` sets them inside :func:`forked_rng`, so the RNG outside is left as it was.
 
     Example:
         >>> import torch
@@ -145,28 +144,67 @@ class RandomState:
 
     @classmethod
     def capture(cls, tensors: Sequence[Tensor] = ()) -> RandomState:
-        probe = accelerator_tensors(tensors)
-        devices, states = get_device_states(*probe)
-        device_type = probe[0].device.type if probe else None
-        mps = (torch.mps.get_rng_state() if any(t.device.type == "mps" for t in tensors)
-               else None)
-        return cls(torch.get_rng_state(), tuple(devices), tuple(states), device_type, mps)
+        return rng_capturer(tensors)()
+
+    def apply(self) -> None:
+        """Set every generator of this state (no fork: the RNG moves on from here)."""
+        torch.set_rng_state(self.cpu)
+        if self.devices:
+            module = getattr(torch, self.device_type)
+            for device, state in zip(self.devices, self.device_states):
+                module.set_rng_state(state, device)
+        if self.mps is not None:
+            torch.mps.set_rng_state(self.mps)
 
     @contextmanager
     def restored(self):
-        with torch.random.fork_rng(devices=list(self.devices), device_type=self.device_type):
-            torch.set_rng_state(self.cpu)
-            if self.devices:
-                set_device_states(list(self.devices), list(self.device_states),
-                                  device_type=self.device_type)
-            outside = None if self.mps is None else torch.mps.get_rng_state()
-            if self.mps is not None:
-                torch.mps.set_rng_state(self.mps)
-            try:
-                yield
-            finally:
-                if outside is not None:
-                    torch.mps.set_rng_state(outside)
+        with forked_rng([self]):
+            self.apply()
+            yield
+
+
+def rng_capturer(tensors: Sequence[Tensor] = ()) -> Callable[[], RandomState]:
+    """``capture()``: the :class:`RandomState` of the generators that ``tensors`` may draw from,
+    taken when called. The devices are resolved once, here, so that a capture per chunk costs
+    only the state copies (host-side: CUDA's Philox state is a seed and an offset, no sync)."""
+    probe = accelerator_tensors(tensors)
+    device_type = probe[0].device.type if probe else None
+    devices = tuple(t.get_device() for t in probe)
+    module = getattr(torch, device_type) if devices else None  # torch.cuda, torch.xpu, ...
+    mps = any(t.device.type == "mps" for t in tensors)
+
+    def capture() -> RandomState:
+        states = tuple(module.get_rng_state(d) for d in devices) if devices else ()
+        return RandomState(torch.get_rng_state(), devices, states, device_type,
+                           torch.mps.get_rng_state() if mps else None)
+
+    return capture
+
+
+@contextmanager
+def forked_rng(states: Iterable[RandomState | None]):
+    """Save the CPU generator and every generator that ``states`` set (their devices, MPS),
+    run the block, and put them back: one fork around the replay of many chunks, which
+    :meth:`RandomState.apply` each. No state (none kept): nothing is saved or put back."""
+    states = [s for s in states if s is not None]
+    if not states:
+        yield
+        return
+    devices: dict[tuple[str, int], None] = {}
+    for s in states:
+        devices.update(((s.device_type, d), None) for d in s.devices)
+    outside = RandomState(
+        torch.get_rng_state(), tuple(d for _, d in devices),
+        tuple(getattr(torch, t).get_rng_state(d) for t, d in devices),
+        None, torch.mps.get_rng_state() if any(s.mps is not None for s in states) else None)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(outside.cpu)
+        for (t, d), state in zip(devices, outside.device_states):
+            getattr(torch, t).set_rng_state(state, d)
+        if outside.mps is not None:
+            torch.mps.set_rng_state(outside.mps)
 
 
 def autocast_state(device_types: set[str]) -> tuple[tuple[str, torch.dtype], ...]:

@@ -1,8 +1,10 @@
-"""The ``hardbatch`` command line: the built-in ``inspect`` plus the commands of plugins.
+"""The ``hardbatch`` command line: the built-in ``inspect`` and ``plan`` plus the commands of
+plugins.
 
 ::
 
     hardbatch inspect emb.npy --labels labels.npy     # built in (hardbatch.inspect_cli)
+    hardbatch plan emb.npy --sampler knn --batch-size 64 --out plan.parquet  # (plan_cli)
     hardbatch demo                                    # plugin commands, e.g. hardbatch_experiments:
     hardbatch bench graphcl|simcse|simclr ...         #   demo, bench, eval
     hardbatch eval sts --model all-MiniLM-L6-v2
@@ -25,6 +27,7 @@ from importlib.metadata import entry_points
 
 from . import __version__
 from .inspect_cli import add_inspect_parser
+from .plan_cli import add_plan_parser
 
 __all__ = ["COMMAND_GROUP", "USER_ERRORS", "build_parser", "main", "run_guarded"]
 
@@ -90,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hardbatch {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_inspect_parser(subparsers)
+    add_plan_parser(subparsers)
     _add_plugin_commands(subparsers)
     return parser
 

@@ -10,6 +10,7 @@ Arrays in, arrays out; the samplers :class:`~hardbatch.samplers.ClusterBatchSamp
 * :func:`community_labels`: B3's partition step: the graph of ranks ``skip + 1 .. skip +
   window``, cut into ``parts`` balanced communities by METIS (``pymetis``), or, without the
   extra, spherical k-means clusters of the embeddings (``partitioner="kmeans"``);
+* :func:`trimmed_order`: B3's authors' batches: parts trimmed and filled to exactly B items;
 * :func:`group_order`: one epoch's partition into batches of whole groups: groups in random
   order, each batch drawing from ``groups_per_batch`` groups; a group that runs out mid-batch is
   continued by the next group of the order (the fill);
@@ -33,11 +34,12 @@ from .gcbs import spherical_kmeans
 
 __all__ = ["community_labels", "group_order", "groups_per_batch", "pairs_in_batches",
            "rank_graph", "require_metis", "same_key_graph", "separate_pairs",
-           "spherical_clusters"]
+           "spherical_clusters", "trimmed_order"]
 
 FLAT_CLUSTERS = 256  # above: two-level k-means (coarse cells of about sqrt(k) clusters each)
 KMEANS_BACKENDS = ("auto", "faiss", "torch")
 PARTITIONERS = ("metis", "kmeans")
+EDGES = ("union", "mutual")  # ours; B3's authors' (spectral_clustering4_ibn.py)
 METIS_EXTRA = "pip install 'hardbatch[metis]'"
 
 
@@ -50,9 +52,8 @@ def _faiss():
 
 def _flat(x: torch.Tensor, k: int, seed: int, iters: int, backend: str,
           one_thread: bool = False) -> np.ndarray:
-    """Labels of one spherical k-means with ``k`` clusters (``k <= len(x)``); ``one_thread``:
-    faiss in this thread only (small problems, where OpenMP's start-up and, on a busy machine,
-    its waiting threads cost more than the work: 40x on a loaded 2-core CPU)."""
+    """Labels of one spherical k-means with ``k <= len(x)`` clusters; ``one_thread``: faiss in
+    this thread only (small problems: OpenMP's threads cost 40x on a loaded 2-core CPU)."""
     if k == 1:
         return np.zeros(x.shape[0], np.int64)
     faiss = _faiss() if backend != "torch" else None
@@ -99,11 +100,10 @@ def spherical_clusters(embeddings, k: int, *, seed: int = 0, iters: int = 10,
 
     ``backend``: ``"faiss"`` (``faiss.Kmeans(spherical=True)``, trained on at most 64 rows per
     centroid), ``"torch"`` (:func:`hardbatch.gcbs.spherical_kmeans`, the same sample size) or
-    ``"auto"`` (faiss when installed; in the calling thread alone for small problems, where
-    OpenMP's threads cost more than they give). Up to 256 clusters one k-means; beyond, two
-    levels: ``ceil(sqrt(k))`` coarse cells, then each cell's share of the ``k`` clusters
-    (proportional to its items) within it, which costs ``O(N d sqrt(k))`` per iteration instead of
-    ``O(N d k)``. Deterministic for a seed and backend; a cluster may end up empty.
+    ``"auto"`` (faiss when installed; in the calling thread alone for small problems). Up to
+    256 clusters one k-means; beyond, ``ceil(sqrt(k))`` coarse cells, then each cell's share of
+    the ``k`` clusters (proportional to its items) within it: ``O(N d sqrt(k))`` per iteration,
+    not ``O(N d k)``. Deterministic for a seed and backend; a cluster may end up empty.
 
     Returns:
         int64 ``[N]`` labels in ``[0, k)``.
@@ -148,9 +148,10 @@ def spherical_clusters(embeddings, k: int, *, seed: int = 0, iters: int = 10,
     return labels
 
 
-def rank_graph(neighbors, first: int, last: int) -> csr_matrix:
+def rank_graph(neighbors, first: int, last: int, mutual: bool = False) -> csr_matrix:
     """The symmetric 0/1 graph joining item i and its neighbours of ranks ``first .. last - 1``
-    (columns of a kNN table, rank 0 the nearest; self-loops dropped).
+    (columns of a kNN table, rank 0 the nearest; self-loops dropped): i and j are joined when
+    either lists the other (the union), or with ``mutual`` only when both do (B3's authors').
 
     Example:
         >>> import numpy as np
@@ -159,6 +160,8 @@ def rank_graph(neighbors, first: int, last: int) -> csr_matrix:
         >>> g = rank_graph(nbrs, 1, 2)  # rank 1 only: 0-2, 1-2, 2-0, 3-1
         >>> g.shape, g.nnz, sorted(g[2].indices.tolist())
         ((4, 4), 6, [0, 1])
+        >>> rank_graph(nbrs, 0, 2, mutual=True).nnz  # 0-1, 0-2, 1-2; 3 lists 2, 2 not 3
+        6
     """
     nbrs = np.asarray(neighbors, np.int64)
     n = nbrs.shape[0]
@@ -166,7 +169,7 @@ def rank_graph(neighbors, first: int, last: int) -> csr_matrix:
     rows = np.repeat(np.arange(n, dtype=np.int64), last - first)
     keep = (cols != rows) & (cols >= 0)
     g = csr_matrix((np.ones(int(keep.sum()), np.int8), (rows[keep], cols[keep])), shape=(n, n))
-    g = ((g + g.T) > 0).astype(np.int8).tocsr()
+    g = ((g.multiply(g.T) if mutual else g + g.T) > 0).astype(np.int8).tocsr()
     g.sort_indices()
     return g
 
@@ -211,12 +214,12 @@ def require_metis():
 
 def community_labels(neighbors, parts: int, *, skip: int, window: int,
                      partitioner: str = "metis", seed: int = 0, embeddings=None,
-                     imbalance: float = 1.03) -> np.ndarray:
+                     imbalance: float = 1.03, edges: str = "union") -> np.ndarray:
     """B3's partition step: communities of the graph of kNN ranks ``skip + 1 .. skip + window``.
 
     ``neighbors`` is an ``[N, >= skip + window]`` kNN table (rank 0 the nearest, self
-    excluded), as :func:`hardbatch.knn_graph` returns. The ranks are symmetrised into a sparse
-    graph (:func:`rank_graph`) and cut into ``parts`` communities:
+    excluded), as :func:`hardbatch.knn_graph` returns. The ranks make a sparse graph
+    (:func:`rank_graph`: ``edges="union"`` or B3's authors' ``"mutual"``), cut in ``parts``:
 
     * ``"metis"`` (B3's): METIS k-way (``pymetis``; ``pip install 'hardbatch[metis]'``) with
       the balance tolerance ``imbalance`` (METIS's ``ufactor``: no community above
@@ -239,6 +242,7 @@ def community_labels(neighbors, parts: int, *, skip: int, window: int,
         ((40,), 4, True)
     """
     check_choice("partitioner", partitioner, PARTITIONERS)
+    check_choice("edges", edges, EDGES)
     nbrs = np.asarray(neighbors, np.int64)
     n = nbrs.shape[0]
     parts = check_int(parts, "parts", low=1, high=n)
@@ -253,7 +257,7 @@ def community_labels(neighbors, parts: int, *, skip: int, window: int,
     metis = require_metis()
     if parts == 1:
         return np.zeros(n, np.int64)
-    g = rank_graph(nbrs, skip, skip + window)
+    g = rank_graph(nbrs, skip, skip + window, mutual=edges == "mutual")
     options = metis.Options(seed=int(seed & 0x7FFFFFFF),
                             ufactor=max(1, round((float(imbalance) - 1.0) * 1000)))
     ptr, adj = g.indptr.astype(np.int64), g.indices.astype(np.int64)
@@ -333,6 +337,40 @@ def group_order(labels, batch_size: int, groups_per_batch: int = 1, *, seed: int
     order[visit[batch_of] * b + place] = stream
     order[kept:] = np.flatnonzero(~keep)
     return order
+
+
+def trimmed_order(labels, size: int, *, seed: int | None = None) -> np.ndarray:
+    """Chunks of exactly ``size`` items from parts of about ``size``, as B3's authors cut them.
+
+    The parts, largest first (ties: the one with the smallest item first), give their items
+    beyond ``size`` (their highest-numbered) to a pool; a part under ``size`` takes the pool's
+    last items. The chunks follow in the order of their smallest items (``seed=None``, the
+    authors' file order) or a random order (``seed``); then the pool (``N mod size`` items for
+    ``N // size`` parts; at most that many parts). Returns an int64 ``[N]`` order: chunk i is
+    ``order[i * size:(i + 1) * size]``, the short rest last.
+
+    Example:
+        >>> import numpy as np
+        >>> from hardbatch.communities import trimmed_order
+        >>> trimmed_order(np.array([0, 0, 0, 0, 1, 1, 0]), 3).tolist()  # parts of 5 and 2
+        [0, 1, 2, 4, 5, 3, 6]
+    """
+    labels, size = np.asarray(labels, np.int64), check_int(size, "size", low=1)
+    n, counts = labels.shape[0], np.bincount(labels, minlength=1)
+    members, start = np.argsort(labels, kind="stable"), np.concatenate([[0], np.cumsum(counts)])
+    if len(parts := np.flatnonzero(counts)) > n // size:
+        raise ValueError(f"labels hold {len(parts)} parts but N={n} items fill only N // size = "
+                         f"{n // size} chunks of size={size}; pass at most N // size parts")
+    chunks, pool = [], []
+    for p in parts[np.lexsort((members[start[parts]], -counts[parts]))]:
+        items = members[start[p]:start[p + 1]].tolist()
+        pool += items[size:][::-1]  # the authors' list.pop() from the end
+        take = len(pool) - min(max(0, size - len(items)), len(pool))
+        chunks.append(items[:size] + pool[take:][::-1])
+        del pool[take:]
+    chunks.sort(key=min)
+    visit = range(len(chunks)) if seed is None else _rng.permutation(len(chunks), seed)
+    return np.array([i for c in visit for i in chunks[c]] + pool, np.int64)
 
 
 def groups_per_batch(order, labels, batch_size: int, kept: int | None = None) -> np.ndarray:

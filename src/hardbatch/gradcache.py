@@ -40,8 +40,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ._chunks import (RandomState, accelerator_tensors, autocast_state, batch_length, slice_view,
-                      view_tensors)
+from ._chunks import (RandomState, accelerator_tensors, autocast_state, batch_length, forked_rng,
+                      rng_capturer, slice_view, view_tensors)
 from ._validation import check_int
 
 # batch_length, slice_view and RandomState (the views and the replayed RNG) live in _chunks.py.
@@ -144,12 +144,15 @@ def embed_chunks(
     with torch.no_grad():
         for encoder, view, name, length, probe in zip(encoders, views, names, lengths, probes):
             bounds = [(s, min(s + chunk_size, length)) for s in range(0, length, chunk_size)]
+            # a chunk's tensors are slices of the view's: the devices, hence the generators to
+            # keep, are resolved once per view, not per chunk
+            tensors = view_tensors(view) + probe
+            device_types.update(t.device.type for t in tensors)
+            capture = rng_capturer(tensors) if keep_rng else None
             states, outputs = [], []
             for s, e in bounds:
                 chunk = slice_view(view, s, e)
-                tensors = view_tensors(chunk) + probe
-                device_types.update(t.device.type for t in tensors)
-                states.append(RandomState.capture(tensors) if keep_rng else None)
+                states.append(capture() if capture is not None else None)
                 outputs.append(_checked_output(encoder(chunk), e - s, name))
             out.views.append(view)
             out.bounds.append(bounds)
@@ -222,6 +225,24 @@ def _running_stat_buffers(modules: Sequence[nn.Module | None]) -> list[Tensor]:
     return out
 
 
+# torch.autograd.backward(z, g) minus its argument checks, which run torch's symbolic-shape
+# helpers: their first use imports torch.fx.experimental.symbolic_shapes and sympy (0.5 s on a
+# warm CPU machine, more from a cold disk: paid by the first GradCache step of a process, which
+# a plain loss.backward() never pays) and they cost ~25 us per call after. The function below
+# is the rest of that call (a private torch function: without it, the public call); the g of
+# GradCache has z's shape, dtype and device by construction, which _backward checks.
+_ENGINE_BACKWARD = getattr(getattr(torch.autograd, "graph", None), "_engine_run_backward", None)
+
+
+def _backward(z: Tensor, g: Tensor) -> None:
+    """``torch.autograd.backward(z, g)``, bit for bit, without its per-call checks."""
+    if (_ENGINE_BACKWARD is None or z.shape != g.shape or z.dtype != g.dtype
+            or z.device != g.device):
+        torch.autograd.backward(z, g)  # its checks and messages
+        return
+    _ENGINE_BACKWARD((z,), (g,), False, False, (), allow_unreachable=True, accumulate_grad=True)
+
+
 def backward_chunks(
     chunked: ChunkedViews,
     grads: Sequence[Tensor | None],
@@ -254,28 +275,33 @@ def backward_chunks(
     """
     jobs = [(v, k) for v in range(len(chunked.views)) if grads[v] is not None
             for k in range(len(chunked.bounds[v]))]
+    if grad_output is not None:  # once per view, not per chunk (the same products)
+        grads = [g if g is None else g * grad_output for g in grads]
     ddp = [m if isinstance(m, DistributedDataParallel) else None for m in chunked.modules]
     last = {id(ddp[v]): (v, k) for v, k in jobs if ddp[v] is not None}
     buffers = _running_stat_buffers(chunked.modules)
     saved = [b.clone() for b in buffers]
-    with torch.enable_grad(), _autocast(chunked.autocast):
+    shapes = [z.shape[1:] for z in chunked.embeddings]
+    # One fork of the RNG around the whole replay (each chunk sets its saved state; the RNG
+    # afterwards is where step 1 left it), not one fork per chunk.
+    with torch.enable_grad(), _autocast(chunked.autocast), \
+            forked_rng(chunked.states[v][k] for v, k in jobs):
         for v, k in jobs:
             module = ddp[v]
             sync = module is None or last[id(module)] == (v, k)
             state = chunked.states[v][k]
-            with (nullcontext() if sync else module.no_sync()), \
-                    (nullcontext() if state is None else state.restored()):
+            with nullcontext() if sync else module.no_sync():
+                if state is not None:
+                    state.apply()
                 s, e = chunked.bounds[v][k]
                 z = chunked.encoders[v](slice_view(chunked.views[v], s, e))
-                if not isinstance(z, Tensor) or z.shape != chunked.embeddings[v][s:e].shape:
+                if not isinstance(z, Tensor) or z.shape != (e - s, *shapes[v]):
                     raise ValueError("encoder returned a different shape when a chunk was run "
                                      "again; it must be a function of its input and the RNG")
                 if not z.requires_grad:
                     continue  # a frozen encoder: nothing to back-propagate
                 g = grads[v][s:e]
-                if grad_output is not None:
-                    g = g * grad_output
-                torch.autograd.backward(z, g.to(z.dtype))
+                _backward(z, g if g.dtype == z.dtype else g.to(z.dtype))
     with torch.no_grad():
         for buffer, value in zip(buffers, saved):
             buffer.copy_(value)

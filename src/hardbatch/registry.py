@@ -24,6 +24,7 @@ from torch import nn
 
 from ._validation import num_items_of
 from .losses import DebiasedInfoNCE, HardNegativeInfoNCE, InfoNCE, SSCLLoss
+from .samplers.options import sampler_parameters
 from .samplers import ClusterBatchSampler, CommunityBatchSampler, GCBSSampler, KNNBatchSampler, \
     ProximityGraphSampler, UniformBatchSampler
 
@@ -173,10 +174,13 @@ def parse_names(value: str | Iterable[str], kind: str, extra: Iterable[str] = ()
 
 
 def _check_options(kind: str, name: str, cls: type, options: dict, taken: tuple[str, ...]) -> None:
-    params = inspect.signature(cls.__init__).parameters
-    accepted = [p for p in params if p not in ("self", *taken)
-                and params[p].kind not in (inspect.Parameter.VAR_POSITIONAL,
-                                           inspect.Parameter.VAR_KEYWORD)]
+    if kind == "sampler":
+        params = sampler_parameters(cls)
+    else:
+        params = [p for p, v in inspect.signature(cls.__init__).parameters.items()
+                  if v.kind not in (inspect.Parameter.VAR_POSITIONAL,
+                                    inspect.Parameter.VAR_KEYWORD)]
+    accepted = [p for p in params if p not in ("self", *taken)]
     bad = [k for k in options if k not in accepted]
     if bad:
         raise ValueError(f"unknown option(s) {', '.join(map(repr, bad))} for {kind} {name!r}; "

@@ -205,7 +205,7 @@ class CountingEncoder:
 
 
 def check_text_encoding(rank: int, world: int) -> None:
-    from hardbatch.integrations.sentence_transformers_sampler import TextEmbeddingSource
+    from hardbatch.integrations.sentence_transformers import TextEmbeddingSource
 
     texts = [f"sentence {i}" for i in range(101)]
     model = CountingEncoder()

@@ -27,7 +27,7 @@ def _pyg_batch():
 
 
 def _st_sampler(generator):
-    from hardbatch.integrations.sentence_transformers_sampler import HardNegativeBatchSampler
+    from hardbatch.integrations.sentence_transformers import HardNegativeBatchSampler
 
     return HardNegativeBatchSampler([], 4, generator=generator, model=None, embeddings=X)
 
@@ -103,7 +103,7 @@ CALLS = {
         "hardbatch.integrations.pyg.graph_embeddings")(NET, [], device=v),
     ("hardbatch.integrations.pyg.embedding_source", "device"): lambda v: _module(
         "hardbatch.integrations.pyg.embedding_source")(NET, [], device=v),
-    ("hardbatch.integrations.sentence_transformers_sampler.HardNegativeBatchSampler",
+    ("hardbatch.integrations.sentence_transformers.sampler.HardNegativeBatchSampler",
      "generator"): _st_sampler,
     ("hardbatch.proximity.proximity_graph", "device"): lambda v: _module(
         "hardbatch.proximity.proximity_graph")(X, 10, 4, device=v),
@@ -131,7 +131,7 @@ INTERNAL = {
                                                                "device",
     ("hardbatch.train.step_batch.loader_batches", "generator"): "the Trainer's own generator",
     ("hardbatch.train.step_batch.skip_on_every_rank", "device"): "the Trainer's resolved device",
-    ("hardbatch.integrations.sentence_transformers_sampler.HardNegativeBatchSamplerFactory"
+    ("hardbatch.integrations.sentence_transformers.factory.HardNegativeBatchSamplerFactory"
      ".__call__", "generator"): "forwards to HardNegativeBatchSampler (checked there)",
 }
 
@@ -161,9 +161,11 @@ def public_parameters() -> set[tuple[str, str]]:
                     if callable(v) and (not k.startswith("_") or k == "__call__")]
             for qualified, fn in targets:
                 try:
-                    params = inspect.signature(fn).parameters
+                    params = list(inspect.signature(fn).parameters)
                 except (TypeError, ValueError):
                     continue
+                if qualified == name and inspect.isclass(obj) and hasattr(obj, "Options"):
+                    params += list(obj.Options.__annotations__)  # a sampler's shared options
                 found |= {(f"{info.name}.{qualified}", p) for p in params if p in PARAMETERS}
     return found
 

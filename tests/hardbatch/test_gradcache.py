@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import subprocess
+import sys
 import textwrap
 import warnings
 
@@ -169,6 +171,91 @@ def test_dropout_masks_differ_between_calls():
     torch.manual_seed(12)
     GradCache(enc, hb.InfoNCE(), 3)(x1, x2)
     assert ((take_grads(enc) - want).norm() / want.norm()) > 1e-3
+
+
+def by_hand(enc, x1, x2, loss, chunk: int) -> torch.Tensor:
+    """The three steps written out as in GradCache's paper: each chunk's RNG state forked and
+    restored on its own (torch.random.fork_rng), ``torch.autograd.backward(z, g)`` per chunk."""
+    states, outputs = [], []
+    with torch.no_grad():
+        for x in (x1, x2):
+            for s in range(0, len(x), chunk):
+                states.append(torch.get_rng_state())
+                outputs.append(enc(x[s:s + chunk]))
+    n = -(-len(x1) // chunk)
+    value, grads = loss_gradients(lambda z: loss(*z),
+                                  [torch.cat(outputs[:n]), torch.cat(outputs[n:])])
+    for i, (x, g) in enumerate(zip((x1, x2), grads)):
+        for k, s in enumerate(range(0, len(x), chunk)):
+            with torch.random.fork_rng(devices=[]):
+                torch.set_rng_state(states[i * n + k])
+                torch.autograd.backward(enc(x[s:s + chunk]), g[s:s + chunk])
+    return value
+
+
+@pytest.mark.parametrize("chunk", (1, 3, B))
+def test_replay_bit_identical_to_the_steps_by_hand(chunk):
+    """One RNG fork around the whole replay (each chunk's state set in turn) and the engine's
+    backward without torch.autograd.backward's checks: the same bits as a fork per chunk and
+    torch.autograd.backward, and the RNG left where step 1 left it."""
+    enc = mlp(dropout=0.3).train()
+    x1, x2 = views(3)
+    torch.manual_seed(5)
+    want_loss = by_hand(enc, x1, x2, hb.InfoNCE(), chunk)
+    want, rng_after = take_grads(enc), torch.get_rng_state()
+    torch.manual_seed(5)
+    got_loss = GradCache(enc, hb.InfoNCE(), chunk)(x1, x2)
+    assert torch.equal(torch.get_rng_state(), rng_after)
+    assert torch.equal(got_loss, want_loss) and torch.equal(take_grads(enc), want)
+
+
+def test_replay_of_one_view_only_sets_each_chunk_state():
+    """A loss that uses only the second view: its chunks alone are replayed, each under its
+    own state (not a sequence continued from the first view's), equal to the plain backward of
+    the same chunks; the RNG afterwards is where step 1 left it."""
+    enc = mlp(dropout=0.5).train()
+    x1, x2 = views(4)
+    torch.manual_seed(21)
+    chunked_reference((enc, enc), (x1, x2), lambda a, b: b.square().sum(), 3)
+    want, rng_after = take_grads(enc), torch.get_rng_state()
+    torch.manual_seed(21)
+    GradCache(enc, lambda a, b: b.square().sum(), 3)(x1, x2)
+    assert torch.equal(torch.get_rng_state(), rng_after)
+    assert_same_grads(take_grads(enc), want)
+
+
+def test_replay_error_leaves_the_rng_where_step_1_did():
+    """An encoder failing in the replay: the error surfaces and the RNG is put back."""
+    calls = []
+
+    def flaky(x):
+        calls.append(1)
+        if len(calls) > 4:  # step 1 ran the 2 x 2 chunks; the replay fails on its first
+            raise RuntimeError("replay failed")
+        return torch.nn.functional.dropout(x, 0.5) * 2
+
+    x1, x2 = views(6, b=4)
+    chunked = embed_chunks([flaky, flaky], [x1, x2], 2)
+    _, grads = loss_gradients(lambda z: hb.InfoNCE()(*z), chunked.embeddings)
+    torch.rand(3)  # the RNG moves on between the steps; the replay must not rewind it
+    rng = torch.get_rng_state()
+    with pytest.raises(RuntimeError, match="replay failed"):
+        backward_chunks(chunked, grads)
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_first_step_imports_no_sympy():
+    """torch.autograd.backward(z, g) imports torch's symbolic shapes (and sympy) on its first
+    call: 0.5 s or more that only the first step pays, which made one timed GradCache step 100x
+    a plain one on an H100 (docs/benchmarks.md). GradCache's step does not make that call."""
+    code = ("import sys, torch, hardbatch as hb\n"
+            "enc = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.1))\n"
+            "hb.GradCache(enc, hb.InfoNCE(0.5), 16)(torch.randn(40, 8), torch.randn(40, 8))\n"
+            "print('sympy' in sys.modules, 'torch.fx.experimental.symbolic_shapes' in "
+            "sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300)
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
 
 
 # --------------------------------------------------------------------------- inputs and encoders

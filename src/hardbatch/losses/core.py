@@ -1,130 +1,116 @@
-"""Internal core of the losses: the logits of a batch and the negative term in log space.
+"""Internal: the computation of every loss, from the inputs to the reduced loss.
 
-Not public API (the losses are :mod:`hardbatch.losses`); :mod:`.functional` and :mod:`.synthetic`
-build on these names. :func:`build_logits` turns the two ``[B, d]`` views (and optional labels,
-false-negative mask and extra negatives, prepared and with ``gather`` all-gathered by
-:mod:`.inputs`) into ``[R, C]`` logits, ``-inf`` where a column is not a negative of the row;
-:func:`log_negative_sum` is ``log S``, the plain or HCL-reweighted sum of the negatives
-(:class:`WeightedLogSumExp`); :func:`debias` is DCL's ``log Ng`` (BatchSampler eq. 18) with its
-floor; :func:`finish` the per-row loss ``softplus(log Ng - log pos)`` and the reduction (scaled
-for DDP when gathered).
-:func:`autocast_enabled` tells a loss to run with ``torch.autocast`` disabled.
+Not public API (the losses are :mod:`hardbatch.losses`): the functions of :mod:`.functional` and
+the modules of :mod:`.modules` call :func:`compute_loss` with a checked options object
+(:mod:`.options`). One call:
+
+1. :func:`prepare_batch`: the input checks (``hardbatch._validation``), half precision cast to
+   float32, L2 normalisation and, with ``gather=True`` under a process group, the all-gather
+   (:mod:`.inputs`);
+2. :func:`build_logits`: the ``[R, C]`` logits ``<query_r, key_c> / t``, ``-inf`` where column
+   ``c`` is not a negative of row ``r``, and the positives' logits ``l_r+``;
+3. SSCL only: the synthetic negatives' logits (:mod:`.synthetic`);
+4. :func:`log_negative_sum`: ``log S``, the max-shifted log-sum-exp of each row's negatives in
+   torch ops, or HCL's reweighted one (:class:`WeightedLogSumExp`);
+5. DCL / HCL / SSCL: :func:`debias`, DCL's ``log Ng`` with its floor;
+6. :func:`finish`: the per-row loss ``softplus(log Ng - l_r+) = -log(pos / (pos + Ng))`` and the
+   reduction.
+
+Plain InfoNCE is steps 1, 2, 4 and 6 in this file, torch operations only:
+``softplus(logsumexp_j l_rj - l_r+)``. :func:`autocast_enabled` tells a loss to run with
+``torch.autocast`` disabled; :func:`floor_stats` measures DCL / HCL's floor.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .inputs import prepare_batch
+from .._validation import check_false_negatives, check_pair_inputs, l2_normalize_rows
+from .inputs import (
+    Logits,
+    PairBatch,
+    check_every_rank,
+    excluded_items,
+    gather_world,
+    gathered_batch,
+    to_compute,
+)
+from .options import InfoNCEOptions
+from .synthetic import synthetic_logits
 
 _LOG_HALF = -math.log(2.0)
 
 
-@dataclass
-class Logits:
-    """Similarity logits of one batch, shared by every loss.
+def compute_loss(options: InfoNCEOptions, anchor: Tensor, positive: Tensor,
+                 labels: Tensor | None = None, negatives: Tensor | None = None,
+                 false_negatives: Tensor | None = None) -> Tensor:
+    """The loss set by ``options`` (checked when made, not again) on one batch, as every loss
+    function and module computes it; inputs as in :func:`~hardbatch.losses.info_nce`.
 
-    ``logits[r, c] = <query_r, key_c> / t`` for the R anchor rows and C candidate columns, with
-    ``-inf`` wherever column ``c`` is not a negative of row ``r`` (itself, its positive, same
-    label).
+    Example:
+        >>> import torch
+        >>> from hardbatch.losses import info_nce
+        >>> from hardbatch.losses.core import compute_loss
+        >>> from hardbatch.losses.options import InfoNCEOptions
+        >>> _ = torch.manual_seed(0)
+        >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
+        >>> loss = compute_loss(InfoNCEOptions(temperature=0.1), a, p)
+        >>> torch.equal(loss, info_nce(a, p, temperature=0.1))
+        True
     """
+    if autocast_enabled(anchor):
+        with torch.autocast(anchor.device.type, enabled=False):
+            return compute_loss(options, anchor, positive, labels, negatives, false_negatives)
+    core = build_logits(options, anchor, positive, labels, negatives, false_negatives)
+    blocks, added = [core.logits], 0
+    if options.synthetic > 0:
+        syn, added = synthetic_logits(core, options)
+        if syn.shape[1]:
+            blocks.append(syn)
+    log_n = 0.0
+    if options.beta or options.tau_plus is not None:
+        log_n = log_num_neg(core, added)
+    log_ng = log_negative_sum(blocks, log_n, options.beta, options.detach_weights)
+    if options.tau_plus is not None:
+        log_ng = debias(log_ng, core.log_pos, log_n, options.tau_plus, core.temperature)
+    return finish(core, log_ng, options.reduction)
 
-    logits: Tensor  # [R, C]
-    log_pos: Tensor  # [R], s_i+ / t
-    num_neg: Tensor | int  # [R] (labels given) or one int for every row
-    has_neg: Tensor | None  # [R] bool, None when every row has a negative
-    keys: Tensor  # [C, d]
-    queries: Tensor  # [R, d], already divided by t (logits = queries @ keys.T)
-    temperature: float
-    world: int = 1  # ranks the candidates were gathered from (1: no gather)
-    global_rows: int = 0  # rows of the global batch (with gather)
-    row_ids: Tensor | None = None  # [R] global row index of each row (with gather)
 
+def floor_stats(options: InfoNCEOptions, anchor: Tensor, positive: Tensor,
+                labels: Tensor | None = None, negatives: Tensor | None = None,
+                false_negatives: Tensor | None = None) -> tuple[float, float]:
+    """:func:`~hardbatch.losses.debiased_floor_stats` of an options object (``tau_plus=None``
+    counts as 0).
 
-class Exclude(torch.autograd.Function):
-    """``logits[r, c] = -inf`` at ``index = (rows, cols)`` (in place) or where ``mask`` is True.
-
-    The backward is the identity: every consumer of the logits (logsumexp, the HCL weights, the
-    gather of valid negatives) gives an excluded entry an exactly zero gradient (``exp(-inf) = 0``),
-    so the true Jacobian, which zeroes those entries, would change nothing but cost an [R, C] pass.
+    Example:
+        >>> import torch
+        >>> from hardbatch.losses.core import floor_stats
+        >>> from hardbatch.losses.options import DCLOptions
+        >>> _ = torch.manual_seed(0)
+        >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
+        >>> floor_stats(DCLOptions(), a, p)[0]
+        0.0
     """
-
-    @staticmethod
-    def forward(
-        ctx, logits: Tensor, index: tuple[Tensor, Tensor] | None, mask: Tensor | None
-    ) -> Tensor:
-        if mask is not None:
-            return torch.where(mask, logits.new_tensor(-math.inf), logits)
-        ctx.mark_dirty(logits)
-        return logits.index_put_(index, logits.new_tensor(-math.inf))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
-        return grad, None, None
-
-
-class WeightedLogSumExp(torch.autograd.Function):
-    """Row-wise ``LSE(l)`` (``beta = 0``) or ``LSE((1 + beta) l) - LSE(beta l')`` (HCL, eq. 18).
-
-    Over the concatenation of ``[R, *]`` blocks, without concatenating. ``l' = l`` (gradient
-    through the weights) or ``l' = l.detach()`` (``detach_weights``). With the row max ``M``,
-    ``e = exp(l - M)`` and ``e_b = e^beta``, the value is ``M + log sum(e e_b) - log sum(e_b)`` and
-    the gradient ``e_b (c_1 e - c_b)`` with ``c_1 = (1 + beta) g / sum(e e_b)``,
-    ``c_b = beta g / sum(e_b)`` (``c_1 = g / sum(e e_b)``, ``c_b = 0`` with detached weights). The
-    exponentials are computed once and reused by the backward, in place where possible: on CPU
-    the [R, C] passes and allocations are the cost of these losses.
-    """
-
-    @staticmethod
-    def forward(ctx, beta: float, detach: bool, *blocks: Tensor) -> Tensor:
-        row_max = blocks[0].amax(dim=1)
-        for blk in blocks[1:]:
-            row_max = torch.maximum(row_max, blk.amax(dim=1))
-        saved = []
-        sum1 = sumb = 0
-        for blk in blocks:
-            shifted = blk - row_max[:, None]
-            if beta == 0:
-                e = eb = shifted.exp_()
-                sum1 = sum1 + e.sum(dim=1)
-            elif beta == 1:
-                e = eb = shifted.exp_()
-                sum1 = sum1 + torch.linalg.vector_norm(e, dim=1).square()
-            else:
-                eb = torch.mul(shifted, beta).exp_()
-                e = shifted.exp_()
-                sum1 = sum1 + torch.linalg.vecdot(e, eb, dim=1)
-            if beta != 0:
-                sumb = sumb + eb.sum(dim=1)
-            saved += [e, eb]
-        ctx.beta, ctx.detach = beta, detach
-        ctx.save_for_backward(sum1, sumb if beta != 0 else sum1, *saved)
-        out = row_max + torch.log(sum1)
-        return out if beta == 0 else out - torch.log(sumb)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple:
-        sum1, sumb, *saved = ctx.saved_tensors
-        beta = ctx.beta
-        grads = []
-        for e, eb in zip(saved[::2], saved[1::2]):
-            if beta == 0:
-                grads.append(e * (grad / sum1)[:, None])
-            elif ctx.detach:
-                grads.append((e * (grad / sum1)[:, None]).mul_(eb))
-            else:
-                c1 = (grad * (1.0 + beta) / sum1)[:, None]
-                cb = (grad * -beta / sumb)[:, None]
-                grads.append(torch.addcmul(cb, e, c1).mul_(eb))
-        return (None, None, *grads)
+    if autocast_enabled(anchor):
+        with torch.autocast(anchor.device.type, enabled=False):
+            return floor_stats(options, anchor, positive, labels, negatives, false_negatives)
+    with torch.no_grad():
+        core = build_logits(options, anchor, positive, labels, negatives, false_negatives)
+        log_n = log_num_neg(core)
+        log_s = log_negative_sum([core.logits], log_n, options.beta, True)
+        log_ng = debias(log_s, core.log_pos, log_n, options.tau_plus or 0.0, core.temperature)
+        floored = log_ng <= log_n - 1.0 / core.temperature
+        log_max = log_s - core.log_pos - log_n
+        if core.has_neg is not None:
+            floored, log_max = floored[core.has_neg], log_max[core.has_neg]
+        if floored.numel() == 0:
+            return 0.0, float("nan")
+        return float(floored.float().mean()), float(log_max.median().exp())
 
 
 def autocast_enabled(anchor) -> bool:
@@ -144,15 +130,56 @@ def autocast_enabled(anchor) -> bool:
         return False
 
 
-def build_logits(options, anchor: Tensor, positive: Tensor, labels: Tensor | None,
-                 negatives: Tensor | None, false_negatives: Tensor | None) -> Logits:
-    """Check the inputs and build the :class:`Logits` of one batch (``options``: checked).
+def compute_dtype(*xs: Tensor) -> torch.dtype:
+    """The promoted dtype of ``xs``; half precision computes in float32."""
+    dtype = xs[0].dtype
+    for x in xs[1:]:
+        dtype = torch.promote_types(dtype, x.dtype)
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _rows(x: Tensor, dtype: torch.dtype, normalize: bool) -> Tensor:
+    x = x if x.dtype == dtype else to_compute(x, dtype)
+    return l2_normalize_rows(x) if normalize else x
+
+
+def prepare_batch(options: InfoNCEOptions, anchor: Tensor, positive: Tensor,
+                  labels: Tensor | None, negatives: Tensor | None,
+                  false_negatives: Tensor | None) -> PairBatch:
+    """Check, cast (half -> float32), normalise (``options.normalize``) and, with
+    ``options.gather``, all-gather the inputs (:mod:`.inputs`)."""
+    gathered = options.gather and gather_world(options.group) > 1
+    if gathered:
+        infos = check_every_rank(anchor, positive, labels, negatives, false_negatives,
+                                 options.check_finite, options.group)
+    else:
+        check_pair_inputs(anchor, positive, labels, negatives, options.check_finite)
+        if false_negatives is not None:
+            check_false_negatives(false_negatives, anchor.shape[0], anchor.shape[0])
+    dtype, normalize = compute_dtype(anchor, positive), options.normalize
+    za, zp = _rows(anchor, dtype, normalize), _rows(positive, dtype, normalize)
+    bank = None
+    if negatives is not None and negatives.shape[0] > 0:
+        bank = _rows(negatives, dtype, normalize)
+    if gathered:
+        return gathered_batch(za, zp, bank, labels, false_negatives, infos, options.group)
+    excluded = None
+    if labels is not None or false_negatives is not None:
+        excluded = excluded_items(labels, labels, false_negatives, 0, za.device)
+    return PairBatch(za, zp, za, zp, bank, excluded, za.shape[0])
+
+
+def build_logits(options: InfoNCEOptions, anchor: Tensor, positive: Tensor,
+                 labels: Tensor | None, negatives: Tensor | None,
+                 false_negatives: Tensor | None) -> Logits:
+    """The :class:`~.inputs.Logits` of one batch (``options``: checked).
 
     Rows: this rank's ``R = 2b`` views (``form="simclr"``) or ``b`` anchors (``"simcse"``);
     columns: the batch keys (``2B`` views or ``B`` positives; ``B = b`` unless ``gather``, see
     :mod:`.inputs`) then the ``m`` rows of ``negatives``. An item excluded for anchor ``i``
-    (same label, ``false_negatives``) loses both its views in both of ``i``'s rows.
-    Half-precision inputs are computed in float32.
+    (same label, ``false_negatives``) loses both its views in both of ``i``'s rows. The
+    excluded entries are set to ``-inf`` (their gradient is 0: ``exp(-inf) = 0`` for every
+    consumer).
     """
     temperature, form = options.temperature, options.form
     batch = prepare_batch(options, anchor, positive, labels, negatives, false_negatives)
@@ -180,17 +207,15 @@ def build_logits(options, anchor: Tensor, positive: Tensor, labels: Tensor | Non
         row_ids = torch.cat([own, own + total]) if form == "simclr" else own
     extra = (batch.world, (2 if form == "simclr" else 1) * total, row_ids)
 
-    if batch.excluded is None:
+    if batch.excluded is None:  # each row's own view and positive
         num_neg = cb - (2 if form == "simclr" else 1) + m
         idx = torch.arange(rows, device=logits.device)
         if form == "simclr":
             ar = idx[:b] + off
-            self_col = torch.cat([ar, ar + total])
-            pos_col = torch.cat([ar + total, ar])
-            excluded = (torch.cat([idx, idx]), torch.cat([self_col, pos_col]))
+            index = (torch.cat([idx, idx]), torch.cat([ar, ar + total, ar + total, ar]))
         else:
-            excluded = (idx, idx + off)
-        logits = Exclude.apply(logits, excluded, None)
+            index = (idx, idx + off)
+        logits = logits.index_put_(index, logits.new_tensor(-math.inf))
         return Logits(logits, log_pos, num_neg, None, keys, queries, temperature, *extra)
 
     # Excluded columns include the row's own views, so no index fill is needed.
@@ -211,8 +236,58 @@ def build_logits(options, anchor: Tensor, positive: Tensor, labels: Tensor | Non
         same = same & has_neg[:, None]
     if m:
         same = torch.cat([same, same.new_zeros(rows, m)], dim=1)
-    logits = Exclude.apply(logits, None, same)
+    logits = logits.masked_fill(same, -math.inf)
     return Logits(logits, log_pos, num_neg, has_neg, keys, queries, temperature, *extra)
+
+
+class WeightedLogSumExp(torch.autograd.Function):
+    """Row-wise ``LSE((1 + beta) l) - LSE(beta l')`` (HCL, eq. 18), ``beta > 0``.
+
+    Over the concatenation of ``[R, *]`` blocks, without concatenating. ``l' = l`` (gradient
+    through the weights) or ``l' = l.detach()`` (``detach_weights``). With the row max ``M``,
+    ``e = exp(l - M)`` and ``e_b = e^beta``, the value is ``M + log sum(e e_b) - log sum(e_b)`` and
+    the gradient ``e_b (c_1 e - c_b)`` with ``c_1 = (1 + beta) g / sum(e e_b)``,
+    ``c_b = beta g / sum(e_b)`` (``c_1 = g / sum(e e_b)``, ``c_b = 0`` with detached weights). The
+    exponentials are computed once and reused by the backward, in place where possible: on CPU
+    the [R, C] passes and allocations are the cost of these losses.
+    """
+
+    @staticmethod
+    def forward(ctx, beta: float, detach: bool, *blocks: Tensor) -> Tensor:
+        row_max = blocks[0].amax(dim=1)
+        for blk in blocks[1:]:
+            row_max = torch.maximum(row_max, blk.amax(dim=1))
+        saved = []
+        sum1 = sumb = 0
+        for blk in blocks:
+            shifted = blk - row_max[:, None]
+            if beta == 1:
+                e = eb = shifted.exp_()
+                sum1 = sum1 + torch.linalg.vector_norm(e, dim=1).square()
+            else:
+                eb = torch.mul(shifted, beta).exp_()
+                e = shifted.exp_()
+                sum1 = sum1 + torch.linalg.vecdot(e, eb, dim=1)
+            sumb = sumb + eb.sum(dim=1)
+            saved += [e, eb]
+        ctx.beta, ctx.detach = beta, detach
+        ctx.save_for_backward(sum1, sumb, *saved)
+        return row_max + torch.log(sum1) - torch.log(sumb)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple:
+        sum1, sumb, *saved = ctx.saved_tensors
+        beta = ctx.beta
+        grads = []
+        for e, eb in zip(saved[::2], saved[1::2]):
+            if ctx.detach:
+                grads.append((e * (grad / sum1)[:, None]).mul_(eb))
+            else:
+                c1 = (grad * (1.0 + beta) / sum1)[:, None]
+                cb = (grad * -beta / sumb)[:, None]
+                grads.append(torch.addcmul(cb, e, c1).mul_(eb))
+        return (None, None, *grads)
 
 
 def log_negative_sum(
@@ -220,11 +295,20 @@ def log_negative_sum(
 ) -> Tensor:
     """``log sum_j w_j exp(l_j)`` over the negatives in ``blocks`` (``-inf`` = not a negative).
 
-    ``beta == 0``: plain sum (``w_j = 1``). Otherwise the HCL weights ``w_j = N softmax_j(beta l)``,
-    so ``log sum_j w_j exp(l_j) = log N + LSE((1 + beta) l) - LSE(beta l)``.
+    ``beta == 0``: the plain sum (``w_j = 1``), ``M + log sum_j exp(l_j - M)`` with the row max
+    ``M`` (a constant: its gradient cancels), in torch operations. Otherwise the HCL weights
+    ``w_j = N softmax_j(beta l)``, so ``log sum_j w_j exp(l_j) = log N + LSE((1 + beta) l) -
+    LSE(beta l)`` (:class:`WeightedLogSumExp`).
     """
-    out = WeightedLogSumExp.apply(float(beta), detach_weights, *blocks)
-    return out if beta == 0 else log_n + out
+    if beta != 0:
+        return log_n + WeightedLogSumExp.apply(float(beta), detach_weights, *blocks)
+    row_max = blocks[0].detach().amax(dim=1)
+    for blk in blocks[1:]:
+        row_max = torch.maximum(row_max, blk.detach().amax(dim=1))
+    total = (blocks[0] - row_max[:, None]).exp_().sum(dim=1)
+    for blk in blocks[1:]:
+        total = total + (blk - row_max[:, None]).exp_().sum(dim=1)
+    return row_max + torch.log(total)
 
 
 def _log1mexp(x: Tensor) -> Tensor:
@@ -279,4 +363,3 @@ def log_num_neg(core: Logits, extra: Tensor | int = 0) -> Tensor | float:
         # Rows without negatives get log 1 = 0, so no -inf enters the arithmetic (zeroed later).
         return torch.log(n.clamp(min=1).to(core.logits.dtype))
     return math.log(n) if n > 0 else 0.0
-

@@ -1,172 +1,79 @@
 """The losses as functions: :func:`contrastive_loss`, the one estimator, and its four settings.
 
-Each makes its options object (:mod:`.options`: its signature and ``Args``) and calls
-:func:`compute_loss`, as a module does with its own; :func:`debiased_floor_stats` measures the
-floor of DCL / HCL.
+Each function checks its options once (it makes an options object of its arguments,
+:mod:`.options`) and computes the loss with :func:`~hardbatch.losses.core.compute_loss`, as a
+module does with the options it holds; :func:`debiased_floor_stats` measures the floor of
+DCL / HCL.
 """
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from .core import autocast_enabled, build_logits, debias, finish, log_negative_sum, log_num_neg
-from .options import (
-    INPUTS,
-    OFF,
-    DCLOptions,
-    HCLOptions,
-    InfoNCEOptions,
-    LossOptions,
-    SSCLOptions,
-    document,
-)
-from .synthetic import synthetic_logits
+from .core import compute_loss, floor_stats
+from .options import DCLOptions, Form, HCLOptions, InfoNCEOptions, Reduction, SSCLOptions
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 
-def compute_loss(options: LossOptions, anchor: Tensor, positive: Tensor,
-                 labels: Tensor | None = None, negatives: Tensor | None = None,
-                 false_negatives: Tensor | None = None) -> Tensor:
-    """The loss set by ``options`` (checked when made, not again) on one batch, as every loss
-    function and module computes it; inputs as in :func:`info_nce`, autocast disabled.
-
-    Example:
-        >>> import torch
-        >>> from hardbatch.losses.functional import compute_loss, info_nce
-        >>> from hardbatch.losses.options import InfoNCEOptions
-        >>> _ = torch.manual_seed(0)
-        >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
-        >>> loss = compute_loss(InfoNCEOptions(temperature=0.1), a, p)
-        >>> torch.equal(loss, info_nce(a, p, temperature=0.1))
-        True
-    """
-    if autocast_enabled(anchor):
-        with torch.autocast(anchor.device.type, enabled=False):
-            return compute_loss(options, anchor, positive, labels, negatives, false_negatives)
-    core = build_logits(options, anchor, positive, labels, negatives, false_negatives)
-    blocks, added = [core.logits], 0
-    if options.synthetic > 0:
-        syn, added = synthetic_logits(core, options)
-        if syn.shape[1]:
-            blocks.append(syn)
-    log_n = log_num_neg(core, added)
-    log_ng = log_negative_sum(blocks, log_n, options.beta, options.detach_weights)
-    if options.tau_plus is not None:
-        log_ng = debias(log_ng, core.log_pos, log_n, options.tau_plus, core.temperature)
-    return finish(core, log_ng, options.reduction)
-
-
-def floor_stats(options: LossOptions, anchor: Tensor, positive: Tensor,
-                labels: Tensor | None = None, negatives: Tensor | None = None,
-                false_negatives: Tensor | None = None) -> tuple[float, float]:
-    """:func:`debiased_floor_stats` of an options object (``tau_plus=None`` counts as 0).
-
-    Example:
-        >>> import torch
-        >>> from hardbatch.losses.functional import floor_stats
-        >>> from hardbatch.losses.options import DCLOptions
-        >>> _ = torch.manual_seed(0)
-        >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
-        >>> floor_stats(DCLOptions(), a, p)[0]
-        0.0
-    """
-    if autocast_enabled(anchor):
-        with torch.autocast(anchor.device.type, enabled=False):
-            return floor_stats(options, anchor, positive, labels, negatives, false_negatives)
-    with torch.no_grad():
-        core = build_logits(options, anchor, positive, labels, negatives, false_negatives)
-        log_n = log_num_neg(core)
-        log_s = log_negative_sum([core.logits], log_n, options.beta, True)
-        log_ng = debias(log_s, core.log_pos, log_n, options.tau_plus or 0.0, core.temperature)
-        floored = log_ng <= log_n - 1.0 / core.temperature
-        log_max = log_s - core.log_pos - log_n
-        if core.has_neg is not None:
-            floored, log_max = floored[core.has_neg], log_max[core.has_neg]
-        if floored.numel() == 0:
-            return 0.0, float("nan")
-        return float(floored.float().mean()), float(log_max.median().exp())
-
-
-def _from_options(options: type[LossOptions], run: Callable = compute_loss, *,
-                  defaults: dict | None = None, drop: tuple[str, ...] = ()) -> Callable:
-    """Decorator: the function ``stub`` names and documents, taking the inputs and the options
-    (``defaults`` replaced, less ``drop``), returning ``run(options(**options), inputs...)``."""
-    params = options.parameters(defaults=defaults, drop=drop)
-    names = frozenset(p.name for p in params)
-    defaults = {p.name: p.default for p in params} if defaults else None
-
-    def decorate(stub: Callable) -> Callable:
-        def fn(anchor: Tensor, positive: Tensor, *, labels: Tensor | None = None,
-               negatives: Tensor | None = None, false_negatives: Tensor | None = None, **kwargs):
-            if not names.issuperset(kwargs):
-                raise TypeError(f"{fn.__name__}() got an unexpected keyword argument "
-                                f"{min(kwargs.keys() - names)!r}")
-            made = options(**kwargs) if defaults is None else options(**{**defaults, **kwargs})
-            return run(made, anchor, positive, labels, negatives, false_negatives)
-
-        inputs = list(inspect.signature(fn).parameters.values())[:-1]
-        fn.__signature__ = inspect.Signature(
-            inputs[:2] + params + inputs[2:], return_annotation=stub.__annotations__["return"])
-        fn.__name__ = fn.__qualname__ = stub.__name__
-        fn.__doc__ = document(stub.__doc__, options, drop, INPUTS)
-        return fn
-
-    return decorate
-
-
-@_from_options(SSCLOptions, defaults=OFF)
-def contrastive_loss() -> Tensor:
-    """The general loss ``-log(pos / (pos + Ng))`` (BatchSampler eq. 16-18, SSCL eq. 2-4).
-
-    The negative term ``Ng`` of each row is built in three steps, each off by default:
-
-    1. ``synthetic = k > 0``: ``k`` synthetic negatives, mixed from the row's ``hardest`` most
-       similar ones, join its negatives (SSCL eq. 2), so ``N`` becomes ``N + k``.
-    2. ``S = sum_j w_ij neg_ij`` with the HCL weights of ``beta``; ``beta = 0`` gives ``w = 1``.
-    3. ``tau_plus`` a number: DCL's debiasing and floor, ``Ng = max((S - tau_plus N pos) /
-       (1 - tau_plus), N e^(-1/t))``; ``tau_plus=None``: ``Ng = S``.
-
-    The named losses are these settings, literally (same values and gradients bit for bit):
-
-    * :func:`info_nce`: ``tau_plus=None``, ``beta=0``, ``synthetic=0``.
-    * :func:`debiased_info_nce` (DCL): ``tau_plus`` given, ``beta=0``, ``synthetic=0``.
-    * :func:`hard_negative_info_nce` (HCL): ``tau_plus``, ``beta``, ``detach_weights``,
-      ``synthetic=0``.
-    * :func:`sscl_loss`: every argument.
-
-    So ``sscl_loss(synthetic=0)`` is HCL, HCL with ``beta=0`` is DCL, and DCL with ``tau_plus=0``
-    is InfoNCE but for the floor ``N e^(-1/t)``, which binds only without ``normalize``.
-
-    Args:
-        {args}
-
-    Example:
-        >>> import torch
-        >>> from hardbatch.losses.functional import contrastive_loss, debiased_info_nce
-        >>> _ = torch.manual_seed(0)
-        >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
-        >>> round(contrastive_loss(a, p).item(), 4)  # every step off: InfoNCE
-        2.3139
-        >>> torch.equal(contrastive_loss(a, p, tau_plus=0.1), debiased_info_nce(a, p))
-        True
-    """
-
-
-@_from_options(InfoNCEOptions)
-def info_nce() -> Tensor:
+def info_nce(anchor: Tensor, positive: Tensor, *, temperature: float = 0.5,
+             form: Form = "simclr", normalize: bool = True, reduction: Reduction = "mean",
+             check_finite: bool = True, gather: bool = False, group: ProcessGroup | None = None,
+             labels: Tensor | None = None, negatives: Tensor | None = None,
+             false_negatives: Tensor | None = None) -> Tensor:
     """InfoNCE / NT-Xent: ``-log(pos / (pos + sum_j neg_ij))`` (BatchSampler eq. 16 and 17).
 
-    SimCLR's NT-Xent (Chen et al. 2020); with ``form="simcse"`` SimCSE's loss (Gao et al. 2021),
-    sentence-transformers' ``MultipleNegativesRankingLoss``.
+    Row ``i`` of ``anchor`` and of ``positive`` are two views of one item, a positive pair, and
+    the other items' views are its negatives: with ``s`` the cosine similarities (``normalize``),
+    ``pos = exp(s_i+ / t)`` and ``neg_ij = exp(s_ij / t)``. In the SimCLR form (NT-Xent) the
+    ``2B`` views are all anchors, each with the ``2B - 2`` views of the other items as
+    negatives; in the SimCSE form each of the ``B`` anchors is contrasted with the ``B``
+    positives (``B - 1`` negatives): sentence-transformers' ``MultipleNegativesRankingLoss`` at
+    ``scale = 1 / t``. Computed as ``softplus(logsumexp_j l_ij - l_i+)`` on the logits ``l``.
 
     Args:
-        {args}
+        anchor, positive: ``[B, d]`` embeddings of the two views; ``B >= 2``, or ``B >= 1``
+            with ``negatives`` (half precision is computed in float32, the loss returned in
+            float32).
+        temperature: ``t > 0``; the logits are ``cos / t`` (e.g. 0.5 for SimCLR, 0.05 for
+            SimCSE).
+        form: ``"simclr"`` (NT-Xent, eq. 16) or ``"simcse"`` (eq. 17), as above.
+        normalize: L2-normalise the embeddings first (cosine similarity; scale-safe).
+        reduction: ``"mean"``, ``"sum"`` or ``"none"`` (the per-row losses).
+        check_finite: raise ``ValueError`` on NaN / inf inputs (one device sync on GPU).
+        gather: contrast this rank's rows with the global batch: the embeddings (with
+            gradient), ``negatives`` and ``labels`` of every rank of ``group``, all-gathered
+            (rank order, sizes may differ; ``false_negatives`` is then ``[b, B_global]``),
+            scaled so that DDP's mean gradient is the global batch's (docs/losses.md). Without
+            a process group: nothing (one warning). Every rank must call the loss, and its
+            backward, together.
+        group: the process group of ``gather`` (None: the default group).
+        labels: optional ``[B]`` class labels (integer, bool or finite float); items sharing
+            the anchor's label are not negatives.
+        negatives: optional ``[m, d]`` extra negatives appended for every anchor (a memory
+            bank, mined hard negatives); never masked by ``labels`` or ``false_negatives``.
+        false_negatives: optional bool ``[B, B]``, True where item ``j`` is not a negative of
+            anchor ``i`` (e.g. :func:`~hardbatch.losses.guided_mask`); in the SimCLR form both
+            views of ``j`` leave both rows of ``i``. It generalises ``labels`` (``M[i, j] =
+            labels[i] == labels[j]``); with both, their union. The diagonal is ignored.
 
     Returns:
-        The loss, a scalar or ``[R]`` for ``reduction="none"`` (``R = 2B`` or ``B``).
+        The loss: a scalar, or with ``reduction="none"`` the ``[2B]`` per-row losses of the
+        SimCLR form (rows ``B..2B-1`` have the positives as anchors) or the ``[B]`` of the
+        SimCSE form.
+
+    References:
+        Chen et al., "A Simple Framework for Contrastive Learning of Visual Representations"
+        (SimCLR), ICML 2020; Gao et al., "SimCSE: Simple Contrastive Learning of Sentence
+        Embeddings", EMNLP 2021.
+
+    Relations:
+        :class:`~hardbatch.losses.InfoNCE` is this loss as a module;
+        :func:`contrastive_loss` with every step off is this loss.
 
     Example:
         >>> import torch
@@ -183,17 +90,40 @@ def info_nce() -> Tensor:
         >>> anchor.grad.shape
         torch.Size([4, 8])
     """
+    options = InfoNCEOptions.of(locals())
+    return compute_loss(options, anchor, positive, labels, negatives, false_negatives)
 
 
-@_from_options(DCLOptions)
-def debiased_info_nce() -> Tensor:
-    """Debiased contrastive loss (DCL, Chuang et al. 2020; BatchSampler eq. 18 with ``lambda = 1``).
+def debiased_info_nce(anchor: Tensor, positive: Tensor, *, temperature: float = 0.5,
+                      form: Form = "simclr", normalize: bool = True,
+                      reduction: Reduction = "mean", check_finite: bool = True,
+                      gather: bool = False, group: ProcessGroup | None = None,
+                      tau_plus: float | None = 0.1, labels: Tensor | None = None,
+                      negatives: Tensor | None = None,
+                      false_negatives: Tensor | None = None) -> Tensor:
+    """Debiased contrastive loss (DCL; BatchSampler eq. 18 with ``lambda = 1``).
 
-    ``Ng = max((sum_j neg_ij - tau_plus N pos) / (1 - tau_plus), N e^(-1/t))``, the loss
-    ``-log(pos / (pos + Ng))``, ``N`` the row's negatives. ``tau_plus = 0`` gives InfoNCE.
+    InfoNCE whose negative term is corrected for the false negatives a uniform batch holds with
+    probability ``tau_plus``: ``Ng = max((sum_j neg_ij - tau_plus N pos) / (1 - tau_plus),
+    N e^(-1/t))``, ``N`` the row's negatives, and the loss ``-log(pos / (pos + Ng))``. On the
+    floor ``N e^(-1/t)`` a row's loss is about 0 and trains nothing
+    (:func:`debiased_floor_stats`).
 
     Args:
-        {args}
+        anchor, positive, temperature, form, normalize, reduction, check_finite, gather,
+            group, labels, negatives, false_negatives: as in :func:`info_nce`, which also
+            gives the loss's shape.
+        tau_plus: the class prior of false negatives in ``[0, 1)``; None: no debiasing,
+            ``Ng = S``.
+
+    References:
+        Chuang et al., "Debiased Contrastive Learning", NeurIPS 2020.
+
+    Relations:
+        :class:`~hardbatch.losses.DebiasedInfoNCE` is this loss as a module;
+        :func:`hard_negative_info_nce` with ``beta=0`` is this loss, bit for bit; with
+        ``tau_plus=0`` it is :func:`info_nce` wherever the floor does not bind (always with
+        ``normalize``).
 
     Example:
         >>> import torch
@@ -205,17 +135,38 @@ def debiased_info_nce() -> Tensor:
         >>> torch.allclose(debiased_info_nce(a, p, tau_plus=0.0), info_nce(a, p))
         True
     """
+    options = DCLOptions.of(locals())
+    return compute_loss(options, anchor, positive, labels, negatives, false_negatives)
 
 
-@_from_options(HCLOptions)
-def hard_negative_info_nce() -> Tensor:
-    """Hard-negative contrastive loss (HCL, Robinson et al. 2021; BatchSampler eq. 18).
+def hard_negative_info_nce(
+        anchor: Tensor, positive: Tensor, *, temperature: float = 0.5, form: Form = "simclr",
+        normalize: bool = True, reduction: Reduction = "mean", check_finite: bool = True,
+        gather: bool = False, group: ProcessGroup | None = None, tau_plus: float | None = 0.1,
+        beta: float = 1.0, detach_weights: bool = False, labels: Tensor | None = None,
+        negatives: Tensor | None = None, false_negatives: Tensor | None = None) -> Tensor:
+    """Hard-negative contrastive loss (HCL; BatchSampler eq. 18).
 
-    The negatives reweighted by ``beta``, ``S = sum_j w_ij neg_ij``, then debiased and clamped as
-    in :func:`debiased_info_nce`. ``beta = 0`` gives DCL.
+    DCL over reweighted negatives: ``S = sum_j w_ij neg_ij`` with ``w_ij = exp(beta s_ij / t) /
+    mean_j exp(beta s_ij / t)``, so the negatives most similar to the anchor weigh most, then
+    debiased and clamped as in :func:`debiased_info_nce`.
 
     Args:
-        {args}
+        anchor, positive, temperature, form, normalize, reduction, check_finite, gather,
+            group, labels, negatives, false_negatives: as in :func:`info_nce` (and the loss's
+            shape).
+        tau_plus: the class prior of false negatives, as in :func:`debiased_info_nce`.
+        beta: the hardness concentration ``>= 0``; 0: no reweighting (DCL).
+        detach_weights: treat the weights as constants (same value, different gradient); by
+            default, as in the authors' code, the gradient flows through them.
+
+    Relations:
+        :class:`~hardbatch.losses.HardNegativeInfoNCE` is this loss as a module. It is
+        :func:`sscl_loss` with ``synthetic=0``, bit for bit.
+
+    References:
+        Robinson, Chuang, Sra and Jegelka, "Contrastive Learning with Hard Negative Samples",
+        ICLR 2021.
 
     Example:
         >>> import torch
@@ -226,29 +177,51 @@ def hard_negative_info_nce() -> Tensor:
         >>> round(hb.hard_negative_info_nce(a, p, beta=1.0, labels=labels).item(), 4)
         2.4975
     """
+    options = HCLOptions.of(locals())
+    return compute_loss(options, anchor, positive, labels, negatives, false_negatives)
 
 
-@_from_options(SSCLOptions)
-def sscl_loss() -> Tensor:
+def sscl_loss(anchor: Tensor, positive: Tensor, *, temperature: float = 0.5,
+              form: Form = "simclr", normalize: bool = True, reduction: Reduction = "mean",
+              check_finite: bool = True, gather: bool = False,
+              group: ProcessGroup | None = None, tau_plus: float | None = 0.1, beta: float = 1.0,
+              detach_weights: bool = False, hardest: int = 32, synthetic: int = 8,
+              mix: bool = True, detach_synthetic: bool = False,
+              generator: torch.Generator | None = None, labels: Tensor | None = None,
+              negatives: Tensor | None = None, false_negatives: Tensor | None = None) -> Tensor:
     """SSCL: synthetic hard negatives, reweighted and debiased (Dong et al., eq. 2-4).
 
-    Each row gets ``k = synthetic`` negatives ``h = a z_i + (1 - a) z_j`` (eq. 2; ``a ~ U(0, 1)``,
-    ``i``, ``j`` drawn uniformly and independently from its ``hardest`` most similar negatives,
-    ``h`` re-normalised with ``normalize``); the extended set is reweighted and debiased as in
-    HCL (:func:`hard_negative_info_nce`), so ``synthetic = 0`` gives HCL.
-
-    Differences from the paper's text, following the released code:
-
-    * eq. 3 writes the weights unnormalised (``beta * exp(s / t)``); the released code, and this
-      one, divide them by their mean over the negatives (HCL's estimator, HCL's scale).
-    * the released code's mixing line is disabled: its "synthetic" negatives are copies of
-      resampled hard negatives, ``mix=False`` (with ``detach_synthetic=True``, also its gradient).
-
-    Gradients flow through the synthetic negatives into the embeddings they are mixed from; the
-    released code's, through ``<q, stopgrad(h)> / t`` to the anchor only: ``detach_synthetic``.
+    Each row gets ``k = synthetic`` more negatives ``h = a z_i + (1 - a) z_j`` (eq. 2; ``a ~
+    U(0, 1)``, ``i``, ``j`` drawn uniformly and independently from its ``hardest`` most similar
+    negatives, ``h`` re-normalised with ``normalize``), so ``N`` becomes ``N + k``; the extended
+    set is reweighted and debiased as in :func:`hard_negative_info_nce`. Differences from the
+    paper's text, following the released code: eq. 3's weights are divided by their mean (HCL's
+    estimator and scale), and the released code's mixing line is disabled (``mix=False``).
 
     Args:
-        {args}
+        anchor, positive, temperature, form, normalize, reduction, check_finite, gather,
+            group, labels, negatives, false_negatives: as in :func:`info_nce`.
+        tau_plus, beta, detach_weights: as in :func:`hard_negative_info_nce`.
+        hardest: the ``s`` most similar negatives of a row that its synthetic negatives are
+            mixed from (clamped to the row's negatives); an integer >= 1 when ``synthetic > 0``.
+        synthetic: ``k``, the synthetic negatives of each row; an integer >= 0 (0: HCL).
+        mix: mix ``h`` (eq. 2); False: copies of resampled hard negatives, the released
+            code's values.
+        detach_synthetic: treat ``h`` as a constant, as the released code does: only the
+            anchor gets a gradient through a synthetic logit (same value, different gradient).
+        generator: the ``torch.Generator`` (on the inputs' device) of the pairs and ``a``: a
+            seeded one makes the synthetic negatives reproducible.
+
+    Returns:
+        The loss, shaped as :func:`info_nce`'s.
+
+    References:
+        Dong et al., "Synthetic Hard Negative Samples for Contrastive Learning" (SSCL),
+        arXiv:2304.02971, 2023.
+
+    Relations:
+        :class:`~hardbatch.losses.SSCLLoss` is this loss as a module; with ``synthetic=0`` it is
+        :func:`hard_negative_info_nce`, bit for bit.
 
     Example:
         >>> import torch
@@ -260,11 +233,69 @@ def sscl_loss() -> Tensor:
         >>> round(loss.item(), 4)
         3.1564
     """
+    options = SSCLOptions.of(locals())
+    return compute_loss(options, anchor, positive, labels, negatives, false_negatives)
 
 
-@_from_options(HCLOptions, floor_stats, defaults={"beta": OFF["beta"]},
-               drop=("reduction", "detach_weights"))
-def debiased_floor_stats() -> tuple[float, float]:
+def contrastive_loss(
+        anchor: Tensor, positive: Tensor, *, temperature: float = 0.5, form: Form = "simclr",
+        normalize: bool = True, reduction: Reduction = "mean", check_finite: bool = True,
+        gather: bool = False, group: ProcessGroup | None = None, tau_plus: float | None = None,
+        beta: float = 0.0, detach_weights: bool = False, hardest: int = 0, synthetic: int = 0,
+        mix: bool = True, detach_synthetic: bool = False,
+        generator: torch.Generator | None = None, labels: Tensor | None = None,
+        negatives: Tensor | None = None, false_negatives: Tensor | None = None) -> Tensor:
+    """The general loss ``-log(pos / (pos + Ng))`` (BatchSampler eq. 16-18, SSCL eq. 2-4).
+
+    The negative term ``Ng`` of each row is built in three steps, each off by default:
+
+    1. ``synthetic = k > 0``: ``k`` synthetic negatives, mixed from the row's ``hardest`` most
+       similar ones, join its negatives (SSCL eq. 2), so ``N`` becomes ``N + k``.
+    2. ``S = sum_j w_ij neg_ij`` with the HCL weights of ``beta``; ``beta = 0`` gives ``w = 1``.
+    3. ``tau_plus`` a number: DCL's debiasing and floor, ``Ng = max((S - tau_plus N pos) /
+       (1 - tau_plus), N e^(-1/t))``; ``tau_plus=None``: ``Ng = S``.
+
+    Args:
+        anchor, positive, temperature, form, normalize, reduction, check_finite, gather, group,
+            labels, negatives, false_negatives: as in :func:`info_nce`.
+        tau_plus: step 3, as in :func:`debiased_info_nce` (None: off).
+        beta, detach_weights: step 2, as in :func:`hard_negative_info_nce` (``beta=0``: off).
+        hardest, synthetic, mix, detach_synthetic, generator: step 1, as in :func:`sscl_loss`
+            (``synthetic=0``: off).
+
+    Returns:
+        The loss, shaped as :func:`info_nce`'s.
+
+    Relations:
+        The named losses are these settings, literally (same values and gradients bit for
+        bit): :func:`info_nce` no step, :func:`debiased_info_nce` step 3,
+        :func:`hard_negative_info_nce` steps 2-3, :func:`sscl_loss` all three. So
+        ``sscl_loss(synthetic=0)`` is HCL, HCL with ``beta=0`` is DCL, and DCL with
+        ``tau_plus=0`` is InfoNCE but for the floor ``N e^(-1/t)``, which binds only without
+        ``normalize``.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.losses.functional import contrastive_loss, debiased_info_nce
+        >>> _ = torch.manual_seed(0)
+        >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
+        >>> round(contrastive_loss(a, p).item(), 4)  # every step off: InfoNCE
+        2.3139
+        >>> torch.equal(contrastive_loss(a, p, tau_plus=0.1), debiased_info_nce(a, p))
+        True
+        >>> contrastive_loss(a, p, beta=1.0, reduction="none").shape  # HCL's weights, no debiasing
+        torch.Size([8])
+    """
+    options = SSCLOptions.of(locals())
+    return compute_loss(options, anchor, positive, labels, negatives, false_negatives)
+
+
+def debiased_floor_stats(
+        anchor: Tensor, positive: Tensor, *, temperature: float = 0.5, form: Form = "simclr",
+        normalize: bool = True, check_finite: bool = True, gather: bool = False,
+        group: ProcessGroup | None = None, tau_plus: float | None = 0.1, beta: float = 0.0,
+        labels: Tensor | None = None, negatives: Tensor | None = None,
+        false_negatives: Tensor | None = None) -> tuple[float, float]:
     """How often DCL / HCL's negative term sits on its floor ``N e^(-1/t)``, for one batch.
 
     Returns ``(fraction, tau_plus_max)``: the fraction of rows (those with negatives) whose
@@ -276,7 +307,18 @@ def debiased_floor_stats() -> tuple[float, float]:
     positives at ``t = 0.05``: BatchSampler paper, Appendix B.6). No gradient.
 
     Args:
-        {args}
+        anchor, positive, temperature, form, normalize, check_finite, gather, group, labels,
+            negatives, false_negatives: as in :func:`info_nce`.
+        tau_plus: as in :func:`debiased_info_nce` (None counts as 0).
+        beta: as in :func:`hard_negative_info_nce` (default 0: DCL).
+
+    Returns:
+        ``(fraction, tau_plus_max)``, two floats (``(0.0, nan)`` when no row has a negative).
+
+    Relations:
+        :class:`~hardbatch.losses.DebiasedInfoNCE` and
+        :class:`~hardbatch.losses.HardNegativeInfoNCE` keep the fraction of their first
+        training batch as ``floor_fraction`` and warn when it is 0.5 or more.
 
     Example:
         >>> import torch
@@ -288,3 +330,5 @@ def debiased_floor_stats() -> tuple[float, float]:
         >>> fraction, tau_max < 1e-6  # every row clamped: lower tau_plus below tau_max
         (1.0, True)
     """
+    options = HCLOptions.of(locals())
+    return floor_stats(options, anchor, positive, labels, negatives, false_negatives)

@@ -1,20 +1,22 @@
-"""Internal: the inputs of one loss call, checked, cast, normalised and (``gather=True``) gathered.
+"""Internal: the data of one loss call and the parts of its preparation beyond the plain batch.
 
-Not public API (the losses are :mod:`hardbatch.losses`). :func:`prepare_batch` turns the
-inputs and options of a loss into a :class:`PairBatch`: this rank's anchors and positives, the
-candidates (the same tensors, or with ``gather=True`` every rank's, all-gathered with gradient),
-the extra negatives, and the item-level mask of what is not a negative (labels,
-``false_negatives`` and each anchor's own item).
+Not public API (the losses are :mod:`hardbatch.losses`; their computation is :mod:`.core`).
+:class:`PairBatch` holds the prepared inputs (this rank's anchors and positives, the candidates:
+the same tensors or, with ``gather=True``, every rank's, the extra negatives, and the item-level
+mask of what is not a negative) and :class:`Logits` the logits built from them. Half-precision
+inputs are cast to float32 by :class:`SaturatingCast`; :func:`excluded_items` is the item mask
+of ``labels`` and ``false_negatives``.
 
 ``gather=True`` under an initialised process group of W > 1 ranks:
 
 1. every rank checks its own inputs, then one fixed-size collective
    (:func:`hardbatch.distributed.all_gather_ints`) exchanges every rank's shapes, dtypes and
-   errors, and every rank runs the same checks on them, so bad input (a rank's error, different
-   embedding dims) raises a ``ValueError`` on every rank instead of hanging in a later gather;
-2. ``[anchor | positive]`` and the negatives are gathered with gradient
-   (:func:`hardbatch.distributed.all_gather_rows_with_grad`), labels without; ranks may hold
-   different batch sizes (even 0), the global batch is their concatenation in rank order;
+   errors, and every rank runs the same checks on them (:func:`check_every_rank`), so bad input
+   (a rank's error, different embedding dims) raises a ``ValueError`` on every rank instead of
+   hanging in a later gather;
+2. :func:`gathered_batch`: ``[anchor | positive]`` (prepared) and the negatives are gathered with
+   gradient (:func:`hardbatch.distributed.all_gather_rows_with_grad`), labels without; ranks may
+   hold different batch sizes (even 0), the global batch is their concatenation in rank order;
 3. ``false_negatives`` is not gathered: it must already be ``[b, B_global]``, this rank's
    anchors against the global batch's items (:func:`hardbatch.guided_mask` with
    ``gather=True`` builds it).
@@ -29,12 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .._validation import (
-    check_false_negatives,
-    check_pair_count,
-    check_pair_inputs,
-)
-from .._validation import l2_normalize_rows as normalize_rows  # the library's one normaliser
+from .._validation import check_false_negatives, check_pair_count, check_pair_inputs
 from ..distributed import all_gather_ints, all_gather_rows, all_gather_rows_with_grad
 
 _warned_no_group = False
@@ -56,6 +53,27 @@ class PairBatch:
     world: int = 1  # ranks gathered over (1: no gather)
 
 
+@dataclass
+class Logits:
+    """Similarity logits of one batch, shared by every loss.
+
+    ``logits[r, c] = <query_r, key_c> / t`` for the R anchor rows and C candidate columns, with
+    ``-inf`` wherever column ``c`` is not a negative of row ``r`` (itself, its positive, same
+    label).
+    """
+
+    logits: Tensor  # [R, C]
+    log_pos: Tensor  # [R], s_i+ / t
+    num_neg: Tensor | int  # [R] (labels given) or one int for every row
+    has_neg: Tensor | None  # [R] bool, None when every row has a negative
+    keys: Tensor  # [C, d]
+    queries: Tensor  # [R, d], already divided by t (logits = queries @ keys.T)
+    temperature: float
+    world: int = 1  # ranks the candidates were gathered from (1: no gather)
+    global_rows: int = 0  # rows of the global batch (with gather)
+    row_ids: Tensor | None = None  # [R] global row index of each row (with gather)
+
+
 class SaturatingCast(torch.autograd.Function):
     """``x.to(dtype)`` whose backward casts the gradient back to ``x``'s (half) dtype saturated at
     its largest finite value: the true gradient of a row of tiny norm (``1 / |x|``) can exceed
@@ -72,24 +90,11 @@ class SaturatingCast(torch.autograd.Function):
         return grad.clamp(-big, big).to(ctx.in_dtype), None
 
 
-def compute_dtype(*xs: Tensor) -> torch.dtype:
-    """The promoted dtype of ``xs``; half precision computes in float32."""
-    dtype = xs[0].dtype
-    for x in xs[1:]:
-        dtype = torch.promote_types(dtype, x.dtype)
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 def to_compute(x: Tensor, dtype: torch.dtype) -> Tensor:
     """``x`` (not in ``dtype``) in ``dtype``; half inputs through :class:`SaturatingCast`."""
     if x.dtype in (torch.float16, torch.bfloat16):
         return SaturatingCast.apply(x, dtype)
     return x.to(dtype)
-
-
-def _prepare(x: Tensor, dtype: torch.dtype, normalize: bool) -> Tensor:
-    x = x if x.dtype == dtype else to_compute(x, dtype)
-    return normalize_rows(x) if normalize else x
 
 
 def excluded_items(row_labels: Tensor | None, col_labels: Tensor | None,
@@ -111,30 +116,7 @@ def excluded_items(row_labels: Tensor | None, col_labels: Tensor | None,
     return excluded
 
 
-def prepare_batch(options, anchor: Tensor, positive: Tensor, labels: Tensor | None,
-                  negatives: Tensor | None, false_negatives: Tensor | None) -> PairBatch:
-    """Check, cast (half -> float32), normalise (``options.normalize``) and, with
-    ``options.gather``, all-gather the inputs."""
-    normalize = options.normalize
-    if options.gather and _gather_world(options.group) > 1:
-        return _gathered_batch(anchor, positive, labels, negatives, false_negatives, normalize,
-                               options.check_finite, options.group)
-    check_pair_inputs(anchor, positive, labels, negatives, options.check_finite)
-    b = anchor.shape[0]
-    if false_negatives is not None:
-        check_false_negatives(false_negatives, b, b)
-    dtype = compute_dtype(anchor, positive)
-    za, zp = _prepare(anchor, dtype, normalize), _prepare(positive, dtype, normalize)
-    bank = None
-    if negatives is not None and negatives.shape[0] > 0:
-        bank = _prepare(negatives, dtype, normalize)
-    excluded = None
-    if labels is not None or false_negatives is not None:
-        excluded = excluded_items(labels, labels, false_negatives, 0, za.device)
-    return PairBatch(za, zp, za, zp, bank, excluded, b)
-
-
-def _gather_world(group) -> int:
+def gather_world(group) -> int:
     """World size to gather over; warns once (and returns 1) without a process group."""
     global _warned_no_group
     if not (dist.is_available() and dist.is_initialized()):
@@ -149,7 +131,6 @@ def _gather_world(group) -> int:
     return dist.get_world_size(group)
 
 
-_DTYPE_CODE = {torch.float32: 32, torch.float64: 64}
 _LABEL_NONE, _LABEL_INT, _LABEL_FLOAT = 0, 1, 2
 
 
@@ -173,14 +154,19 @@ def _local_info(anchor, positive, labels, negatives, false_negatives,
     except ValueError as exc:
         return [1, b, d, m, 0, lab, *fn_shape, 0, 0], exc
     grad = torch.is_grad_enabled()
-    dtype = _DTYPE_CODE.get(compute_dtype(anchor, positive), 0)
+    # the compute dtype (half precision computes in float32), as a bit width
+    dtype = 64 if torch.float64 in (anchor.dtype, positive.dtype) else 32
     grad_z = int(grad and (anchor.requires_grad or positive.requires_grad))
     grad_bank = int(grad and m > 0 and negatives.requires_grad)
     return [0, b, d, m, dtype, lab, *fn_shape, grad_z, grad_bank], None
 
 
-def _check_ranks(infos: list[list[int]], error: ValueError | None) -> None:
-    """The same checks on every rank, from every rank's :func:`_local_info`."""
+def check_every_rank(anchor, positive, labels, negatives, false_negatives, check_finite,
+                     group) -> list[list[int]]:
+    """The checks of ``gather=True``, the same on every rank: each rank's :func:`_local_info`,
+    exchanged; returns every rank's, for :func:`gathered_batch`."""
+    info, error = _local_info(anchor, positive, labels, negatives, false_negatives, check_finite)
+    infos = all_gather_ints(info, group)
     bad = [r for r, info in enumerate(infos) if info[0]]
     if error is not None:
         raise error
@@ -193,8 +179,7 @@ def _check_ranks(infos: list[list[int]], error: ValueError | None) -> None:
         raise ValueError(
             f"gather=True needs the same embedding dim on every rank, got anchor / positive "
             f"shapes {shapes}; every rank must use the same encoder output size")
-    dtypes = {i[4] for i in infos}
-    if len(dtypes) > 1 or 0 in dtypes:
+    if len({i[4] for i in infos}) > 1:
         names = ", ".join(f"rank {r}: float{i[4]}" for r, i in enumerate(infos))
         raise ValueError(f"gather=True needs the same compute dtype on every rank (half "
                          f"precision counts as float32), got {names}; cast the embeddings")
@@ -212,6 +197,7 @@ def _check_ranks(infos: list[list[int]], error: ValueError | None) -> None:
             f"global batch's {total} items, in rank order; batch shapes {shapes}), got {got}; "
             "build it with hardbatch.guided_mask(..., gather=True)")
     check_pair_count(total, extra, "global ")
+    return infos
 
 
 def _with_grad(x: Tensor, needed: bool) -> Tensor:
@@ -220,28 +206,24 @@ def _with_grad(x: Tensor, needed: bool) -> Tensor:
     return x.detach().requires_grad_() if needed and not x.requires_grad else x
 
 
-def _gathered_batch(anchor, positive, labels, negatives, false_negatives, normalize,
-                    check_finite, group) -> PairBatch:
-    info, error = _local_info(anchor, positive, labels, negatives, false_negatives, check_finite)
-    infos = all_gather_ints(info, group)
-    _check_ranks(infos, error)
+def gathered_batch(za: Tensor, zp: Tensor, bank: Tensor | None, labels: Tensor | None,
+                   false_negatives: Tensor | None, infos: list[list[int]], group) -> PairBatch:
+    """The global batch of ``gather=True`` around this rank's prepared (cast, normalised) views
+    ``za``, ``zp`` and negatives ``bank``; ``infos`` from :func:`check_every_rank`."""
     rank, world = dist.get_rank(group), len(infos)
     counts = [i[1] for i in infos]
-    offset, d = sum(counts[:rank]), info[2]
-    dtype = compute_dtype(anchor, positive)
-    za, zp = _prepare(anchor, dtype, normalize), _prepare(positive, dtype, normalize)
+    offset, d = sum(counts[:rank]), za.shape[1]
     both = _with_grad(torch.cat([za, zp], dim=1), any(i[8] for i in infos))
     both = all_gather_rows_with_grad(both, group, counts)
-    bank = None
+    all_bank = None
     if any(i[3] > 0 for i in infos):
-        mine = negatives if negatives is not None else anchor.new_zeros(0, d)
-        mine = _with_grad(_prepare(mine, dtype, normalize), any(i[9] for i in infos))
-        bank = all_gather_rows_with_grad(mine, group, [max(i[3], 0) for i in infos])
+        mine = _with_grad(za.new_zeros(0, d) if bank is None else bank, any(i[9] for i in infos))
+        all_bank = all_gather_rows_with_grad(mine, group, [max(i[3], 0) for i in infos])
     all_labels = None
     if labels is not None:
         kind = torch.float64 if labels.is_floating_point() else torch.int64
         all_labels = all_gather_rows(labels.to(kind), group, counts)
         labels = labels.to(kind)
     excluded = excluded_items(labels, all_labels, false_negatives, offset, za.device)
-    return PairBatch(za, zp, both[:, :d], both[:, d:], bank, excluded, both.shape[0], offset,
+    return PairBatch(za, zp, both[:, :d], both[:, d:], all_bank, excluded, both.shape[0], offset,
                      world)

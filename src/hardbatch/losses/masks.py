@@ -7,14 +7,17 @@ every hardbatch loss takes as ``false_negatives=``.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
-from .._validation import check_choice, check_margin
+from .._validation import check_choice, check_margin, l2_normalize_rows
 from ..distributed import all_gather_ints, all_gather_rows, is_distributed
-from .inputs import compute_dtype, normalize_rows
+from .core import compute_dtype
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["guided_mask"]
 
@@ -27,7 +30,7 @@ def guided_mask(
     *,
     form: Literal["simcse", "simclr"] = "simcse",
     gather: bool = False,
-    group=None,
+    group: ProcessGroup | None = None,
 ) -> Tensor:
     """GISTEmbed's false-negative mask from guide embeddings of the two views.
 
@@ -61,6 +64,10 @@ def guided_mask(
 
     Returns:
         bool ``[B, B]`` (``[b, B_global]`` with ``gather``), on the guide embeddings' device.
+
+    References:
+        Solatorio, "GISTEmbed: Guided In-sample Selection of Training Negatives for Text
+        Embedding Fine-tuning", 2024 (arXiv:2402.16829).
 
     Example:
         >>> import torch
@@ -98,8 +105,8 @@ def guided_mask(
             raise ValueError(f"guided_mask(gather=True) needs the same guide embedding dim on "
                              f"every rank, got {shapes}")
     dtype = compute_dtype(guide_anchor, guide_positive)
-    ga = normalize_rows(guide_anchor.detach().to(dtype))
-    gp = normalize_rows(guide_positive.detach().to(dtype))
+    ga = l2_normalize_rows(guide_anchor.detach().to(dtype))
+    gp = l2_normalize_rows(guide_positive.detach().to(dtype))
     all_a, all_p = ga, gp
     if distributed:
         counts = [b for _, b, _ in infos]

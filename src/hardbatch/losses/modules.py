@@ -1,69 +1,64 @@
 """The losses as ``torch.nn.Module`` classes, each holding one frozen options object.
 
-The constructor (signature and ``Args`` from :mod:`.options`) makes and checks it, ``forward``
-computes with it unchecked. Every option is an attribute of the module (``loss.generator = g``
-replaces the options, checked again); those with ``repr=True`` make the module's repr.
+The constructor makes and checks it (:mod:`.options`), ``forward`` computes with it unchecked
+(:func:`~hardbatch.losses.core.compute_loss`). Every option is an attribute of the module
+(``loss.generator = g`` replaces the options, checked again); those with ``repr=True`` make the
+module's repr.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import warnings
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, overload
 
 import torch
 from torch import Tensor, nn
 
-from .functional import compute_loss, floor_stats
-from .options import DCLOptions, HCLOptions, InfoNCEOptions, LossOptions, SSCLOptions, document
+from .core import compute_loss, floor_stats
+from .options import DCLOptions, Form, HCLOptions, InfoNCEOptions, Reduction, SSCLOptions
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+_T = TypeVar("_T")
 
 
-class _Option:
-    """The module attribute of one options field; assigning it replaces the module's options."""
+class _Option(Generic[_T]):
+    """``loss.<name>``: that option of ``loss.options``; assigning it replaces the options (made
+    and checked again, so a rejected value leaves them as they were)."""
 
-    def __init__(self, name: str) -> None:
+    def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, module: _ContrastiveLoss | None, owner: type | None = None) -> object:
+    @overload
+    def __get__(self, module: None, owner: type | None = None) -> _Option[_T]: ...
+    @overload
+    def __get__(self, module: _ContrastiveLoss, owner: type | None = None) -> _T: ...
+    def __get__(self, module: _ContrastiveLoss | None, owner: type | None = None) -> Any:
         return self if module is None else getattr(module.options, self.name)
 
-    def __set__(self, module: _ContrastiveLoss, value: object) -> None:
+    def __set__(self, module: _ContrastiveLoss, value: _T) -> None:
         module.options = dataclasses.replace(module.options, **{self.name: value})
 
 
-def _constructor(cls: type[_ContrastiveLoss]) -> object:
-    """``cls.__init__``: the options of ``cls.Options`` as parameters, ``cls.positional`` first."""
-    signature = inspect.Signature(cls.Options.parameters(cls.positional))
-
-    def __init__(self, *args, **kwargs) -> None:
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(f"{type(self).__name__}(): {exc}") from None
-        super(cls, self).__init__()
-        self.options = cls.Options(**bound.arguments)
-
-    me = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    __init__.__signature__ = signature.replace(parameters=[me, *signature.parameters.values()])
-    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
-    return __init__
-
-
 class _ContrastiveLoss(nn.Module):
-    """The loss of ``self.options``; a subclass names its ``Options`` and ``positional`` ones."""
+    """A loss of ``options``: ``forward(anchor, positive, labels=None, negatives=None,
+    false_negatives=None)``, the views positionally (lightly's ``loss(out0, out1)``)."""
 
-    Options: ClassVar[type[LossOptions]]
-    positional: ClassVar[tuple[str, ...]] = ()
-    options: LossOptions
+    Options: ClassVar[type[InfoNCEOptions]]
+    options: InfoNCEOptions
+    temperature: _Option[float] = _Option()
+    form: _Option[Form] = _Option()
+    normalize: _Option[bool] = _Option()
+    group: _Option[ProcessGroup | None] = _Option()
+    reduction: _Option[Reduction] = _Option()
+    check_finite: _Option[bool] = _Option()
+    gather: _Option[bool] = _Option()
 
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if "Options" in cls.__dict__:
-            for f in dataclasses.fields(cls.Options):
-                setattr(cls, f.name, _Option(f.name))
-            cls.__init__ = _constructor(cls)
-            cls.__doc__ = document(cls.__doc__, cls.Options)
+    def __init__(self, options: InfoNCEOptions) -> None:
+        super().__init__()
+        self.options = options
 
     def extra_repr(self) -> str:
         return self.options.describe()
@@ -73,15 +68,33 @@ class _ContrastiveLoss(nn.Module):
                 ) -> Tensor:
         return compute_loss(self.options, anchor, positive, labels, negatives, false_negatives)
 
+    if TYPE_CHECKING:  # nn.Module.__call__ runs forward: typed as it, for type checkers
+        __call__ = forward
+
 
 class InfoNCE(_ContrastiveLoss):
     """InfoNCE / NT-Xent (SimCLR; SimCSE with ``form="simcse"``) as a module.
 
-    The loss of :func:`~hardbatch.losses.info_nce` on its inputs, ``loss(anchor, positive,
-    labels=None, negatives=None, false_negatives=None)``; lightly-style ``loss(out0, out1)``.
+    :func:`~hardbatch.losses.info_nce` with its options fixed (and checked) when the module is
+    made: ``-log(pos / (pos + sum_j neg_ij))`` for each anchor, its positive against the other
+    items' views. ``InfoNCE(temperature=0.5)`` is lightly's ``NTXentLoss``;
+    ``InfoNCE(1 / scale, "simcse")`` is sentence-transformers' ``MultipleNegativesRankingLoss``
+    on embeddings.
 
     Args:
-        {args}
+        temperature, form: positional, as in :func:`~hardbatch.losses.info_nce`.
+        normalize, reduction, check_finite, gather, group: keyword-only, as in
+            :func:`~hardbatch.losses.info_nce`.
+
+    Inputs:
+        ``loss(anchor, positive, labels=None, negatives=None, false_negatives=None)``: two
+        ``[B, d]`` views (row ``i`` of each is a positive pair), optional ``[B]`` labels,
+        ``[m, d]`` extra negatives and bool ``[B, B]`` false-negative mask, as in
+        :func:`~hardbatch.losses.info_nce`. Returns a scalar, or ``[2B]`` (SimCLR) / ``[B]``
+        (SimCSE) per-row losses with ``reduction="none"``.
+
+    References:
+        Chen et al. (SimCLR), ICML 2020; Gao et al. (SimCSE), EMNLP 2021.
 
     Example:
         >>> from hardbatch.losses import InfoNCE
@@ -98,14 +111,21 @@ class InfoNCE(_ContrastiveLoss):
     """
 
     Options = InfoNCEOptions
-    positional = ("temperature", "form")
+
+    def __init__(self, temperature: float = 0.5, form: Form = "simclr", *,
+                 normalize: bool = True, reduction: Reduction = "mean",
+                 check_finite: bool = True, gather: bool = False,
+                 group: ProcessGroup | None = None) -> None:
+        super().__init__(InfoNCEOptions.of(locals()))
 
 
 class _DebiasedLoss(_ContrastiveLoss):
     """DCL / HCL: the first forward with gradients keeps its ``floor_fraction`` and warns when
     the debiasing floor takes half the rows or more (the loss is ~0 and trains nothing)."""
 
+    options: DCLOptions
     floor_fraction: float | None = None
+    tau_plus: _Option[float | None] = _Option()
 
     def forward(self, anchor: Tensor, positive: Tensor, labels: Tensor | None = None,
                 negatives: Tensor | None = None, false_negatives: Tensor | None = None
@@ -128,13 +148,20 @@ class _DebiasedLoss(_ContrastiveLoss):
 
 
 class DebiasedInfoNCE(_DebiasedLoss):
-    """Debiased contrastive loss (DCL, Chuang et al. 2020) as a module.
+    """Debiased contrastive loss (DCL) as a module.
 
-    The loss of :func:`~hardbatch.losses.debiased_info_nce`, called as :class:`InfoNCE`. Warns
-    once (first forward with gradients) when the debiasing floor takes most rows.
+    :func:`~hardbatch.losses.debiased_info_nce` with its options fixed when the module is made,
+    called as :class:`InfoNCE`. The first forward with gradients keeps ``floor_fraction`` (the
+    share of rows on the debiasing floor, :func:`~hardbatch.losses.debiased_floor_stats`) and
+    warns once when the floor takes most rows (the loss then trains nothing).
 
     Args:
-        {args}
+        temperature, tau_plus: positional, as in :func:`~hardbatch.losses.debiased_info_nce`.
+        form, normalize, reduction, check_finite, gather, group: keyword-only, as in
+            :func:`~hardbatch.losses.info_nce`.
+
+    References:
+        Chuang et al., "Debiased Contrastive Learning", NeurIPS 2020.
 
     Example:
         >>> import hardbatch as hb
@@ -147,17 +174,30 @@ class DebiasedInfoNCE(_DebiasedLoss):
     """
 
     Options = DCLOptions
-    positional = ("temperature", "tau_plus")
+
+    def __init__(self, temperature: float = 0.5, tau_plus: float | None = 0.1, *,
+                 form: Form = "simclr", normalize: bool = True,
+                 reduction: Reduction = "mean", check_finite: bool = True,
+                 gather: bool = False, group: ProcessGroup | None = None) -> None:
+        super().__init__(DCLOptions.of(locals()))
 
 
 class HardNegativeInfoNCE(_DebiasedLoss):
-    """Hard-negative contrastive loss (HCL, Robinson et al. 2021) as a module.
+    """Hard-negative contrastive loss (HCL) as a module.
 
-    The loss of :func:`~hardbatch.losses.hard_negative_info_nce`, called as :class:`InfoNCE`.
-    Warns once (first forward with gradients) when the debiasing floor takes most rows.
+    :func:`~hardbatch.losses.hard_negative_info_nce` with its options fixed when the module is
+    made, called as :class:`InfoNCE`; warns once, as :class:`DebiasedInfoNCE`, when the
+    debiasing floor takes most rows.
 
     Args:
-        {args}
+        temperature, tau_plus, beta: positional, as in
+            :func:`~hardbatch.losses.hard_negative_info_nce`.
+        form, normalize, reduction, check_finite, gather, group: keyword-only, as in
+            :func:`~hardbatch.losses.info_nce`.
+        detach_weights: keyword-only, as in :func:`~hardbatch.losses.hard_negative_info_nce`.
+
+    References:
+        Robinson et al., "Contrastive Learning with Hard Negative Samples", ICLR 2021.
 
     Example:
         >>> from hardbatch import HardNegativeInfoNCE
@@ -170,17 +210,36 @@ class HardNegativeInfoNCE(_DebiasedLoss):
     """
 
     Options = HCLOptions
-    positional = ("temperature", "tau_plus", "beta")
+    options: HCLOptions
+    beta: _Option[float] = _Option()
+    detach_weights: _Option[bool] = _Option()
+
+    def __init__(self, temperature: float = 0.5, tau_plus: float | None = 0.1,
+                 beta: float = 1.0, *, form: Form = "simclr", normalize: bool = True,
+                 reduction: Reduction = "mean", check_finite: bool = True,
+                 gather: bool = False, group: ProcessGroup | None = None,
+                 detach_weights: bool = False) -> None:
+        super().__init__(HCLOptions.of(locals()))
 
 
 class SSCLLoss(_ContrastiveLoss):
-    """SSCL (synthetic hard negatives + HCL weights + debiasing, Dong et al.) as a module.
+    """SSCL (synthetic hard negatives, HCL weights and debiasing) as a module.
 
-    The loss of :func:`~hardbatch.losses.sscl_loss`, called as :class:`InfoNCE`. Its
-    ``generator`` is used for every call, so a seeded one makes a training run reproducible.
+    :func:`~hardbatch.losses.sscl_loss` with its options fixed when the module is made, called
+    as :class:`InfoNCE`. Its ``generator`` is used for every call, so a seeded one makes a
+    training run reproducible.
 
     Args:
-        {args}
+        temperature, tau_plus, beta, hardest, synthetic, mix: positional, as in
+            :func:`~hardbatch.losses.sscl_loss`.
+        form, normalize, reduction, check_finite, gather, group: keyword-only, as in
+            :func:`~hardbatch.losses.info_nce`.
+        detach_weights, detach_synthetic, generator: keyword-only, as in
+            :func:`~hardbatch.losses.sscl_loss`.
+
+    References:
+        Dong et al., "Synthetic Hard Negative Samples for Contrastive Learning" (SSCL),
+        arXiv:2304.02971, 2023.
 
     Example:
         >>> from torch import Generator, manual_seed, randn
@@ -195,4 +254,21 @@ class SSCLLoss(_ContrastiveLoss):
     """
 
     Options = SSCLOptions
-    positional = ("temperature", "tau_plus", "beta", "hardest", "synthetic", "mix")
+    options: SSCLOptions
+    tau_plus: _Option[float | None] = _Option()
+    beta: _Option[float] = _Option()
+    detach_weights: _Option[bool] = _Option()
+    hardest: _Option[int] = _Option()
+    generator: _Option[torch.Generator | None] = _Option()
+    synthetic: _Option[int] = _Option()
+    mix: _Option[bool] = _Option()
+    detach_synthetic: _Option[bool] = _Option()
+
+    def __init__(self, temperature: float = 0.5, tau_plus: float | None = 0.1,
+                 beta: float = 1.0, hardest: int = 32, synthetic: int = 8, mix: bool = True, *,
+                 form: Form = "simclr", normalize: bool = True, reduction: Reduction = "mean",
+                 check_finite: bool = True, gather: bool = False,
+                 group: ProcessGroup | None = None, detach_weights: bool = False,
+                 detach_synthetic: bool = False, generator: torch.Generator | None = None
+                 ) -> None:
+        super().__init__(SSCLOptions.of(locals()))

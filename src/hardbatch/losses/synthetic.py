@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .core import Logits
+from .inputs import Logits
 
 
 def hardest_columns(logits: Tensor, s: int) -> Tensor:

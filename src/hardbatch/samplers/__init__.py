@@ -1,16 +1,21 @@
 """Batch samplers: ``DataLoader(dataset, batch_sampler=sampler)`` yields ``list[int]`` batches.
 
 Every sampler shares the contract of :mod:`hardbatch.samplers.base` (epoch length, seeds,
-resume, ranks). Public: the four samplers and the two extension points, :class:`PlanSampler`
-(a plan of batches) and :class:`EmbeddingSampler` (batches drawn from a structure rebuilt from
-embeddings, by way of the :class:`Builder` protocol). Modules:
+resume, ranks). Public: the six samplers of :mod:`hardbatch.registry`, the single-source
+composite, and the extension points: :class:`PlanSampler` (a plan of batches),
+:class:`WalkSampler` and :class:`PartitionSampler` (batches drawn from a structure rebuilt
+from embeddings, by way of the :class:`Builder` protocol). Modules:
 
+* ``options``: the options every sampler shares, declared once (names, types, defaults);
 * ``base``: :class:`PlanSampler`, the plan, its rank split and its checkpoints;
 * ``prefetch``: the optional thread that plans steps ahead (``prefetch``);
 * ``refresh``: the :class:`Builder` protocol and the refresh policy, which rebuilds a sampler's
   structure from its embedding source every t steps or every epoch (lag, background and
   distributed builds);
-* ``embedding_sampler``: :class:`EmbeddingSampler`, the base of the three samplers below;
+* ``embedding_sampler``: :class:`EmbeddingSampler`, what the two kinds share (the source and
+  its refresh policy); ``walk_sampler``: :class:`WalkSampler`, batches grown from start items
+  (proximity graph, kNN); ``partition_sampler``: :class:`PartitionSampler`, an epoch cut into
+  batches (GCBS, cluster, community);
 * ``duplicates``: ``duplicate_keys`` (items with equal keys never share a batch): encoding,
   feasibility checks and the repair of partitions; ``conflicts``: key sets (items conflict
   when their sets meet: no text of a row twice in a batch), as pure array functions;
@@ -20,8 +25,8 @@ embeddings, by way of the :class:`Builder` protocol). Modules:
   (TAS-B), ``community`` (B3).
 
 Inheritance: ``torch.utils.data.Sampler`` > ``PlanSampler`` > ``UniformBatchSampler`` |
-``EmbeddingSampler`` > ``ProximityGraphSampler`` | ``KNNBatchSampler`` | ``GCBSSampler`` |
-``ClusterBatchSampler`` | ``CommunityBatchSampler``.
+``EmbeddingSampler`` > (``WalkSampler`` > ``ProximityGraphSampler`` | ``KNNBatchSampler``) |
+(``PartitionSampler`` > ``GCBSSampler`` | ``ClusterBatchSampler`` | ``CommunityBatchSampler``).
 """
 
 from .base import PlanSampler
@@ -30,11 +35,14 @@ from .community import CommunityBatchSampler
 from .embedding_sampler import EmbeddingSampler
 from .gcbs_sampler import GCBSSampler
 from .knn import KNNBatchSampler
+from .partition_sampler import PartitionSampler
 from .proximity import ProximityGraphSampler
 from .refresh import Builder
 from .single_source import SingleSourceBatchSampler
 from .uniform import UniformBatchSampler
+from .walk_sampler import WalkSampler
 
 __all__ = ["Builder", "ClusterBatchSampler", "CommunityBatchSampler", "EmbeddingSampler",
-           "GCBSSampler", "KNNBatchSampler", "PlanSampler",
-           "ProximityGraphSampler", "SingleSourceBatchSampler", "UniformBatchSampler"]
+           "GCBSSampler", "KNNBatchSampler", "PartitionSampler", "PlanSampler",
+           "ProximityGraphSampler", "SingleSourceBatchSampler", "UniformBatchSampler",
+           "WalkSampler"]

@@ -122,7 +122,7 @@ class PlanSampler(Sampler[list[int]]):
         ...     def _generate(self, index, global_step):
         ...         b = self.plan_batch_size
         ...         return np.arange(index * b, min(self.num_items, (index + 1) * b))
-        >>> sampler = Blocks(40, 16, drop_last=False, seed=0, rank=None, world_size=None)
+        >>> sampler = Blocks(40, 16)
         >>> [len(batch) for batch in sampler], sampler.epoch
         ([16, 16, 8], 1)
     """
@@ -134,9 +134,9 @@ class PlanSampler(Sampler[list[int]]):
     _state_keys = ("kind", "epoch", "step", "generator")  # also one of pending_plan / pending
     batches_partition = True  # whether an epoch's batches partition the items (else: walks, kNN)
 
-    def __init__(self, num_items: int, batch_size: int, *, drop_last: bool, seed: int,
-                 rank: int | None, world_size: int | None, prefetch: int = 0,
-                 global_batch: bool = False, duplicate_keys=None) -> None:
+    def __init__(self, num_items: int, batch_size: int, *, drop_last: bool = False,
+                 seed: int = 0, rank: int | None = None, world_size: int | None = None,
+                 prefetch: int = 0, global_batch: bool = False, duplicate_keys=None) -> None:
         self.num_items = num_items
         self.batch_size = check_int(batch_size, "batch_size", low=1)
         self.drop_last = bool(drop_last)

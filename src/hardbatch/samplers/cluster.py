@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
@@ -11,104 +13,16 @@ from .._validation import check_choice, check_int
 from ..communities import KMEANS_BACKENDS, group_order, groups_per_batch, spherical_clusters
 from ..embeddings import EmbeddingSource
 from .duplicates import separate_keys
-from .embedding_sampler import EmbeddingSampler
+from .options import ClusterOptions, take_options
+from .partition_sampler import PartitionSampler, fixed_source, load_order, save_order
 
-__all__ = ["ClusterBatchSampler", "check_per_batch", "drop_count", "fixed_source", "load_order",
-           "save_order", "slice_batch"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
-
-def fixed_source(embeddings) -> bool:
-    """Whether a source is a fixed table (an array or tensor: its groups are built once).
-
-    Example:
-        >>> import numpy as np
-        >>> import hardbatch as hb
-        >>> from hardbatch.samplers.cluster import fixed_source
-        >>> fixed_source(np.ones((40, 8))), fixed_source(hb.EmbeddingBank(40, 8))
-        (True, False)
-    """
-    return isinstance(embeddings, (np.ndarray, torch.Tensor))
+__all__ = ["ClusterBatchSampler"]
 
 
-def drop_count(sampler: EmbeddingSampler) -> int:
-    """Items an epoch of a partition sampler leaves out (N mod B' with drop_last, else 0).
-
-    Example:
-        >>> import numpy as np
-        >>> import hardbatch as hb
-        >>> from hardbatch.samplers.cluster import drop_count
-        >>> x = np.random.default_rng(0).standard_normal((40, 8))
-        >>> drop_count(hb.ClusterBatchSampler(x, 16, drop_last=True, kmeans="torch"))
-        8
-    """
-    return sampler.num_items % sampler.plan_batch_size if sampler.drop_last else 0
-
-
-def check_per_batch(sampler: EmbeddingSampler, value, name: str) -> int:
-    """``value`` of option ``name`` (groups per batch) checked: an int in [1, B'].
-
-    Example:
-        >>> import numpy as np
-        >>> import hardbatch as hb
-        >>> from hardbatch.samplers.cluster import check_per_batch
-        >>> sampler = hb.ClusterBatchSampler(np.eye(40, 8), 8, kmeans="torch")
-        >>> check_per_batch(sampler, 2, "clusters_per_batch")
-        2
-        >>> check_per_batch(sampler, 9, "clusters_per_batch")
-        Traceback (most recent call last):
-            ...
-        ValueError: clusters_per_batch=9 must be at most the batch_size 8 (each group gives a ...
-    """
-    value, b = check_int(value, name, low=1), sampler.plan_batch_size
-    if value > b:
-        size = "world_size * batch_size" if sampler.global_batch else "batch_size"
-        raise ValueError(f"{name}={value} must be at most the {size} {b} (each group gives a "
-                         f"batch at least one item); use {name} <= {b}")
-    return value
-
-
-def slice_batch(sampler: EmbeddingSampler, order: np.ndarray, index: int) -> np.ndarray:
-    """Plan batch ``index`` of an epoch's order: its slice ``index`` (padding batches of the
-    last step, ``index >= batches_per_epoch``, repeat the epoch's first batches).
-
-    Example:
-        >>> import numpy as np
-        >>> import hardbatch as hb
-        >>> from hardbatch.samplers.cluster import slice_batch
-        >>> x = np.random.default_rng(0).standard_normal((40, 8))
-        >>> sampler = hb.ClusterBatchSampler(x, 16, kmeans="torch")
-        >>> [len(slice_batch(sampler, np.arange(40), i)) for i in range(4)]
-        [16, 16, 8, 16]
-    """
-    size, index = sampler.plan_batch_size, index % sampler.batches_per_epoch
-    return order[index * size:(index + 1) * size]
-
-
-def save_order(order: np.ndarray) -> dict:
-    """An epoch's item order as a checkpoint payload (a tensor).
-
-    Example:
-        >>> import numpy as np
-        >>> from hardbatch.samplers.cluster import load_order, save_order
-        >>> load_order(save_order(np.arange(4))).tolist(), load_order({})
-        ([0, 1, 2, 3], None)
-    """
-    return {"order": torch.from_numpy(np.array(order, np.int64))}
-
-
-def load_order(state: dict) -> np.ndarray | None:
-    """The order saved by :func:`save_order`, or None.
-
-    Example:
-        >>> import torch
-        >>> from hardbatch.samplers.cluster import load_order
-        >>> load_order({"order": torch.arange(3)}).tolist()
-        [0, 1, 2]
-    """
-    return np.asarray(state["order"], np.int64) if "order" in state else None
-
-
-class ClusterBatchSampler(EmbeddingSampler):
+class ClusterBatchSampler(PartitionSampler):
     """TAS-B (Hofstätter et al., SIGIR 2021): each batch drawn from ``clusters_per_batch``
     spherical k-means clusters of the embeddings; an epoch is a partition of the items.
 
@@ -142,13 +56,15 @@ class ClusterBatchSampler(EmbeddingSampler):
         clusters_per_batch: c, clusters a batch draws from (default 1); at most B'.
         iters: k-means iterations (default 10).
         kmeans: ``"auto"`` (faiss when installed), ``"faiss"`` or ``"torch"``.
-        device: where the torch k-means runs (default: the source's device).
-        refresh_lag, background: read the source ``refresh_lag`` steps before an epoch ends and
-            cluster for the next epoch (in a worker thread with ``background``), as for GCBS.
-        drop_last: leave out N mod B items (a random choice per epoch) so every batch is full.
-        duplicate_keys: items with equal keys never share a batch (a clashing item swaps with
-            the nearest batch lacking its key, as for GCBS; this may add a cluster to a batch).
-        seed, rank, world_size, global_batch: as in every sampler.
+        **options: the shared options (:mod:`hardbatch.samplers.options`) but ``prefetch``,
+            ``normalize`` (rows are always L2-normalised), ``distributed``, ``process_group``,
+            ``precision`` and ``progress``. Here: ``device`` is where the torch k-means runs
+            (default: the source's device); ``refresh_lag`` / ``background`` read the source
+            ``refresh_lag`` steps before an epoch ends and cluster for the next epoch (in a
+            worker thread with ``background``), as for GCBS; ``drop_last`` leaves out N mod B
+            items (a random choice per epoch) so every batch is full; ``duplicate_keys``: a
+            clashing item swaps with the nearest batch lacking its key, as for GCBS (this may
+            add a cluster to a batch).
 
     Example:
         >>> import numpy as np
@@ -162,23 +78,18 @@ class ClusterBatchSampler(EmbeddingSampler):
         (5, True)
     """
 
-    _settings = EmbeddingSampler._settings[:-1] + (  # no refresh_every: one order per epoch
-        "clusters", "clusters_per_batch", "iters", "kmeans")
-    batches_partition = True
+    _settings = PartitionSampler._settings + ("clusters", "clusters_per_batch", "iters",
+                                              "kmeans")
+    Options = ClusterOptions
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int,
                  clusters: int | None = None, *, clusters_per_batch: int = 1, iters: int = 10,
-                 kmeans: str = "auto", device: str | torch.device | None = None,
-                 refresh_lag: int | None = None, background: bool = False,
-                 drop_last: bool = False, seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None, global_batch: bool = False,
-                 duplicate_keys=None) -> None:
-        super().__init__(embeddings, batch_size, normalize=True, drop_last=drop_last, seed=seed,
-                         rank=rank, world_size=world_size, refresh_lag=refresh_lag,
-                         background=background, distributed=False, global_batch=global_batch,
-                         duplicate_keys=duplicate_keys)
+                 kmeans: str = "auto", **options: Unpack[ClusterOptions]) -> None:
+        shared = take_options(type(self), options, normalize=True, distributed=False)
+        device = shared.pop("device")
+        super().__init__(embeddings, batch_size, **shared)
         n, b = self.num_items, self.plan_batch_size
-        self.clusters_per_batch = check_per_batch(self, clusters_per_batch, "clusters_per_batch")
+        self.clusters_per_batch = self.check_per_batch(clusters_per_batch, "clusters_per_batch")
         self.clusters = None if clusters is None else check_int(clusters, "clusters", low=1)
         self.num_clusters = -(-n // b) if clusters is None else self.clusters  # k
         if self.num_clusters > n:
@@ -206,7 +117,7 @@ class ClusterBatchSampler(EmbeddingSampler):
     def build(self, x: torch.Tensor, epoch: int, group) -> np.ndarray:
         """Epoch ``epoch``'s item order (batch i: slice i), from the unit rows ``x``."""
         labels = self.cluster(x, epoch)
-        b, drop = self.plan_batch_size, drop_count(self)
+        b, drop = self.plan_batch_size, self.drop_count
         order = group_order(labels, b, self.clusters_per_batch, drop=drop,
                             seed=_rng.derive_seed(self.seed, epoch, 0xC2))
         kept = self.num_items - drop
@@ -217,7 +128,7 @@ class ClusterBatchSampler(EmbeddingSampler):
 
     def draw(self, order: np.ndarray, index: int, seed: int, start: int | None) -> np.ndarray:
         """Plan batch ``index``: slice ``index`` of the epoch's order."""
-        return slice_batch(self, order, index)
+        return self.slice_batch(order, index)
 
     save_structure = staticmethod(save_order)
     load_structure = staticmethod(load_order)

@@ -2,27 +2,34 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from types import MappingProxyType
+
 import numpy as np
 import torch
 
 from .. import _rng
 from .._device import resolve_device
 from .._validation import check_choice, check_int, check_real
-from ..communities import PARTITIONERS, community_labels, group_order, pairs_in_batches, \
-    rank_graph, require_metis, same_key_graph, separate_pairs
+from ..communities import EDGES, PARTITIONERS, community_labels, group_order, \
+    pairs_in_batches, rank_graph, require_metis, same_key_graph, separate_pairs, trimmed_order
 from ..embeddings import EmbeddingSource
 from ..graph import knn_graph
-from .cluster import check_per_batch, drop_count, fixed_source, load_order, save_order, \
-    slice_batch
+from .options import CommunityOptions, take_options
+from .partition_sampler import PartitionSampler, fixed_source, load_order, save_order
 from .duplicates import separate_keys
-from .embedding_sampler import EmbeddingSampler
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["CommunityBatchSampler"]
 
 NEAR_CANDIDATES = 16  # window neighbours whose batches a separated item tries first
+BATCHINGS = ("fill", "trim")  # ours; B3's authors'
 
 
-class CommunityBatchSampler(EmbeddingSampler):
+class CommunityBatchSampler(PartitionSampler):
     """B3, "Breaking the Batch Barrier" (Thirukovalluru et al., NeurIPS 2025): each batch is
     ``communities_per_batch`` (K) communities of about B / K items of a sparse kNN rank graph;
     an epoch is a partition of the items.
@@ -40,6 +47,19 @@ class CommunityBatchSampler(EmbeddingSampler):
     similar item of a batch holding its window neighbours, where it stays hard), except pairs
     no swap can separate (``forced_pairs`` counts what is left; ``separated`` the swaps).
     Every item once per epoch; deterministic given ``seed``, the epoch and the embeddings.
+
+    B3's authors' code (github.com/raghavlite/B3, ``data_processing/spectral_clustering4_ibn.py``)
+    builds it otherwise; :meth:`authors` (the settings :attr:`AUTHORS`) follows it: ``edges=
+    "mutual"`` (i and j joined only when each lists the other), their rank window (positions
+    30 .. 129 of a teacher's ranking that starts with the item itself: ``skip=29, window=100``;
+    ``skip=69`` for their 70 .. 169), and ``batching="trim"``: ``N // (B / K)`` parts (K = 1:
+    one part per batch), trimmed and filled to exactly B / K items
+    (:func:`hardbatch.communities.trimmed_order`), in random order each epoch, the ``N mod
+    (B / K)`` items left over in the short last batch (the authors pad it to B with copies of
+    other items instead: the plan here is a partition) and no separation of the top ranks (they
+    do none; ``forced_pairs`` then counts those sharing a batch). Ours (the defaults): the union
+    (every item joined to its whole window), a short window after three top ranks kept apart,
+    and K communities a batch (docs/samplers.md, "B3's authors' settings and ours", says why).
 
     Refresh and cost: fixed embeddings (an array or tensor, e.g. computed once by a teacher
     model, as B3 does) build the graph and communities once; each epoch then shuffles and
@@ -63,13 +83,19 @@ class CommunityBatchSampler(EmbeddingSampler):
         knn_method: the ``method`` of :func:`hardbatch.knn_graph`, passed through (None: its
             default; ``"exact"`` costs O(N^2 d), ``"faiss-ivf"`` / ``"hnsw"`` are approximate).
         imbalance: METIS's balance tolerance (default 1.03: no community above 1.03 N / parts).
-        device: where the kNN graph is computed (default: the CPU).
-        refresh_lag, background: read the source ``refresh_lag`` steps before an epoch ends and
-            build for the next epoch (in a worker thread with ``background``), as for GCBS.
-        drop_last: leave out N mod B items (a random choice per epoch) so every batch is full.
-        duplicate_keys: items with equal keys never share a batch: kept apart by the pair
-            separation, then (what it could not separate) repaired as for GCBS.
-        seed, rank, world_size, global_batch: as in every sampler.
+        edges: ``"union"`` (default: i and j joined when either lists the other) or ``"mutual"``
+            (when both do: B3's authors').
+        batching: ``"fill"`` (default: ``round(N K / B')`` communities, a community that runs
+            out mid-batch continued by the next, the top ranks kept apart) or ``"trim"`` (B3's
+            authors': ``N // (B' / K)`` parts cut to exactly B' / K items; K must divide B').
+        **options: the shared options (:mod:`hardbatch.samplers.options`) but ``prefetch``,
+            ``normalize`` (rows are always L2-normalised), ``distributed``, ``process_group``,
+            ``precision`` and ``progress``. Here: ``device`` is where the kNN graph is computed
+            (default: the CPU); ``refresh_lag`` / ``background`` read the source
+            ``refresh_lag`` steps before an epoch ends and build for the next epoch (in a worker
+            thread with ``background``), as for GCBS; ``drop_last`` leaves out N mod B items (a
+            random choice per epoch) so every batch is full; ``duplicate_keys``: kept apart by
+            the pair separation, then (what it could not separate) repaired as for GCBS.
 
     Example:
         >>> import numpy as np
@@ -81,42 +107,38 @@ class CommunityBatchSampler(EmbeddingSampler):
         ([8, 8, 8, 8, 8], True)
         >>> sampler.parts, sampler.forced_pairs
         (10, 0)
+        >>> x = np.random.default_rng(0).standard_normal((205, 8)).astype(np.float32)
+        >>> authors = hb.CommunityBatchSampler.authors(x, 10)  # B3's authors' settings
+        >>> authors.parts, [len(b) for b in authors][-2:]  # 20 parts of 10, then 5 left over
+        (20, [10, 5])
     """
 
-    _settings = EmbeddingSampler._settings[:-1] + (  # no refresh_every: one order per epoch
-        "communities_per_batch", "skip", "window", "partitioner", "knn_method", "imbalance")
-    batches_partition = True
+    #: B3's authors' settings (see above); :meth:`authors` applies them.
+    AUTHORS = MappingProxyType({"edges": "mutual", "batching": "trim", "skip": 29,
+                                "window": 100, "communities_per_batch": 1})
 
-    def __init__(
-        self,
-        embeddings: EmbeddingSource,
-        batch_size: int,
-        communities_per_batch: int = 4,
-        *,
-        skip: int = 3,
-        window: int = 20,
-        partitioner: str = "metis",
-        knn_method: str | None = None,
-        imbalance: float = 1.03,
-        device: str | torch.device | None = None,
-        refresh_lag: int | None = None,
-        background: bool = False,
-        drop_last: bool = False,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        global_batch: bool = False,
-        duplicate_keys=None,
-    ) -> None:
-        super().__init__(embeddings, batch_size, normalize=True, distributed=False,
-                         refresh_lag=refresh_lag, background=background, drop_last=drop_last,
-                         seed=seed, rank=rank, world_size=world_size,
-                         global_batch=global_batch, duplicate_keys=duplicate_keys)
+    _settings = PartitionSampler._settings + (
+        "communities_per_batch", "skip", "window", "partitioner", "knn_method", "imbalance",
+        "edges", "batching")
+
+    Options = CommunityOptions
+
+    def __init__(self, embeddings: EmbeddingSource, batch_size: int,
+                 communities_per_batch: int = 4, *, skip: int = 3, window: int = 20,
+                 partitioner: str = "metis", knn_method: str | None = None,
+                 imbalance: float = 1.03, edges: str = "union", batching: str = "fill",
+                 **options: Unpack[CommunityOptions]) -> None:
+        shared = take_options(type(self), options, normalize=True, distributed=False)
+        device = shared.pop("device")
+        super().__init__(embeddings, batch_size, **shared)
         n = self.num_items
-        k = check_per_batch(self, communities_per_batch, "communities_per_batch")
+        k = self.check_per_batch(communities_per_batch, "communities_per_batch")
         self.communities_per_batch = k
         self.skip = check_int(skip, "skip", low=0)
         self.window = check_int(window, "window", low=1)
+        if self.skip >= n - 1:
+            raise ValueError(f"skip={skip} leaves out every neighbour of an item (N={n} items "
+                             f"have {n - 1}); use skip <= {max(0, n - 2)}")
         if self.skip + self.window >= n:
             raise ValueError(f"window={window} with skip={skip} needs skip + window = "
                              f"{self.skip + self.window} neighbours per item but N={n} items "
@@ -129,12 +151,28 @@ class CommunityBatchSampler(EmbeddingSampler):
         if self.imbalance < 1.0:
             raise ValueError(f"imbalance={imbalance} must be >= 1 (METIS's tolerance: "
                              "largest community / average; e.g. 1.03)")
-        self.parts = min(n, max(1, round(n * k / self.plan_batch_size)))
+        check_choice("edges", edges, EDGES)
+        check_choice("batching", batching, BATCHINGS)
+        self.edges, self.batching = edges, batching
+        b = self.plan_batch_size
+        if batching == "trim" and (b % k or n < b // k):
+            raise ValueError(f"batching='trim' cuts parts of exactly batch_size / "
+                             f"communities_per_batch = {b} / {k} items and N={n}: use a "
+                             f"communities_per_batch that divides {b} (1: one part per batch, "
+                             f"as B3's authors) and N >= {b // k}")
+        self.parts = n // (b // k) if batching == "trim" else min(n, max(1, round(n * k / b)))
         self.device = resolve_device(device)
         self.fixed = fixed_source(embeddings)
         self.groups: tuple | None = None  # (labels, skipped pairs, near items) of the last build
         self.separated = 0  # swaps of the last built epoch
         self.forced_pairs = 0  # skipped-rank pairs sharing a batch in the last built epoch
+
+    @classmethod
+    def authors(cls, embeddings: EmbeddingSource, batch_size: int,
+                **options) -> CommunityBatchSampler:
+        """B3 with its authors' settings (:attr:`AUTHORS`); ``options`` override them (e.g.
+        ``skip=69`` for their window 70 .. 169) or add others (``seed``, ``drop_last``, ...)."""
+        return cls(embeddings, batch_size, **{**cls.AUTHORS, **options})
 
     def communities(self, x: torch.Tensor, epoch: int) -> tuple:
         """(community labels, skipped-rank pairs, window neighbours) of the unit rows ``x``;
@@ -148,7 +186,7 @@ class CommunityBatchSampler(EmbeddingSampler):
                          seed=seed & 0x7FFFFFFF, **method).numpy()
         labels = community_labels(nbrs, self.parts, skip=self.skip, window=self.window,
                                   partitioner=self.partitioner, seed=seed, embeddings=x,
-                                  imbalance=self.imbalance)
+                                  imbalance=self.imbalance, edges=self.edges)
         pairs = rank_graph(nbrs, 0, self.skip)
         near = np.ascontiguousarray(nbrs[:, self.skip:self.skip + NEAR_CANDIDATES])
         self.groups = (labels, pairs, near)
@@ -157,13 +195,17 @@ class CommunityBatchSampler(EmbeddingSampler):
     def build(self, x: torch.Tensor, epoch: int, group) -> np.ndarray:
         """Epoch ``epoch``'s item order (batch i: slice i), from the unit rows ``x``."""
         labels, pairs, near = self.communities(x, epoch)
-        b, drop = self.plan_batch_size, drop_count(self)
+        b, drop = self.plan_batch_size, self.drop_count
         kept = self.num_items - drop
-        order = group_order(labels, b, 1, drop=drop, seed=_rng.derive_seed(self.seed, epoch, 0xB4))
-        keys = self.duplicate_keys
-        apart = pairs if keys is None or not keys.any else \
-            (pairs + same_key_graph(keys.ids)).tocsr()  # copies kept apart in the same pass
-        if apart.nnz:
+        keys, seed = self.duplicate_keys, _rng.derive_seed(self.seed, epoch, 0xB4)
+        keyed = keys is not None and keys.any
+        if self.batching == "trim":  # B3's authors': no separation; the drop: the order's tail
+            order = trimmed_order(labels, b // self.communities_per_batch, seed=seed)
+            apart = same_key_graph(keys.ids) if keyed else None
+        else:
+            order = group_order(labels, b, 1, drop=drop, seed=seed)
+            apart = (pairs + same_key_graph(keys.ids)).tocsr() if keyed else pairs
+        if apart is not None and apart.nnz:  # copies kept apart in the same pass
             order, self.separated, _ = separate_pairs(order, kept, b, apart, x, near)
         order = separate_keys(order, kept, b, keys)[:kept]
         self.forced_pairs = pairs_in_batches(order, kept, b, pairs)
@@ -171,7 +213,7 @@ class CommunityBatchSampler(EmbeddingSampler):
 
     def draw(self, order: np.ndarray, index: int, seed: int, start: int | None) -> np.ndarray:
         """Plan batch ``index``: slice ``index`` of the epoch's order."""
-        return slice_batch(self, order, index)
+        return self.slice_batch(order, index)
 
     save_structure = staticmethod(save_order)
     load_structure = staticmethod(load_order)

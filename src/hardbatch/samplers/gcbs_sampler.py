@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -16,12 +16,16 @@ from ..embeddings import EmbeddingSource, source_num_items
 from ..gcbs import check_min_partners, check_search_args, default_interleave, gcbs_permutation, \
     interleave_chunks, resolve_method
 from .duplicates import separate_keys
-from .embedding_sampler import EmbeddingSampler
+from .options import GCBSOptions, take_options
+from .partition_sampler import PartitionSampler
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 Order = tuple[np.ndarray, np.ndarray]  # (item order [N or N - N mod B], batch order [nb])
 
 
-class GCBSSampler(EmbeddingSampler):
+class GCBSSampler(PartitionSampler):
     """Global Contrastive Batch Sampling: each epoch, batches cut from a GCBS permutation.
 
     At the start of every epoch the embedding source is read and
@@ -39,26 +43,6 @@ class GCBSSampler(EmbeddingSampler):
         nlist, nprobe, partitions: options of those methods.
         shuffle_batches: visit the batches in random order (default False: the
             paper's sequential order).
-        device, precision: where and in which precision the similarity products run
-            (see :func:`hardbatch.gcbs_permutation`).
-        refresh_lag: L >= 1 pipelines the epochs: the order of epoch e + 1 is built from
-            the embeddings snapshotted L steps before the end of epoch e (default 0: read
-            at the start of the epoch; 1 with ``background``).
-        background: build that order in a worker thread while epoch e finishes, so the
-            training loop does not wait for it at the epoch boundary; the same batches as
-            ``background=False`` with the same ``refresh_lag``.
-        distributed: share the pair search across the ranks of ``process_group``
-            (:func:`hardbatch.distributed.gcbs_permutation`; the same order as one
-            process). None (default): on when torch.distributed is initialised and
-            ``rank`` / ``world_size`` are its own.
-        drop_last: drop N mod B items each epoch so that every batch is full: a
-            seeded random choice of positions of the epoch's order (its tail holds the
-            items without any strong pair, which would otherwise be dropped every epoch).
-        global_batch: each step is one slice of ``world_size * batch_size`` items of the
-            order, rank r taking slice r of it (see :class:`~hardbatch.samplers.PlanSampler`).
-        duplicate_keys: N hashable keys (e.g. the texts); items with equal keys never share a
-            batch: a clashing item swaps places with an item of the nearest batch (in the
-            order) that lacks its key. No key shared: the same batches as without keys.
         min_partners: each item also keeps its ``min_partners`` strongest pairs (see
             :func:`hardbatch.gcbs_permutation` and docs/gcbs.md: k >= 1 removes the random
             tail). Default None: ``min(16, N - 1)``; 0 is the paper's graph.
@@ -68,10 +52,21 @@ class GCBSSampler(EmbeddingSampler):
             plan's batch size (B / 8, at least 8; 0 below B = 16); 0 cuts batches straight
             from the GCBS order (the paper's). ``min_partners=0, method="exact",
             interleave=0`` is the paper's sampler.
-        progress: a tqdm bar over each order build's blocks (True), none (False), or (None,
-            default) when stderr is a terminal; shown once a build runs past 2 s. Every build
-            also logs one INFO record on the ``hardbatch.gcbs`` logger.
-        seed, rank, world_size: as in every sampler.
+        **options: the shared options (:mod:`hardbatch.samplers.options`) but ``prefetch``
+            and ``normalize`` (the order normalises the rows itself). Here: ``device`` and
+            ``precision`` are where and how the similarity products run (see
+            :func:`hardbatch.gcbs_permutation`); ``refresh_lag`` L >= 1 builds the order of
+            epoch e + 1 from the embeddings snapshotted L steps before the end of epoch e
+            (default 0: read at the start of the epoch; 1 with ``background``, which builds it
+            in a worker thread while epoch e finishes, with the same batches); ``distributed``
+            shares the pair search across the ranks
+            (:func:`hardbatch.distributed.gcbs_permutation`, the same order as one process);
+            ``drop_last`` drops N mod B items each epoch, a seeded random choice of positions
+            of the order (its tail holds the items without any strong pair); ``global_batch``:
+            one slice of ``world_size * batch_size`` items per step; ``duplicate_keys``: a
+            clashing item swaps places with an item of the nearest batch (in the order) that
+            lacks its key; ``progress``: a bar over each order build's blocks once a build runs
+            past 2 s (every build logs one INFO record on the ``hardbatch.gcbs`` logger).
 
     Example:
         >>> import numpy as np
@@ -82,29 +77,22 @@ class GCBSSampler(EmbeddingSampler):
         ([8, 8, 8, 8, 8], True)
     """
 
-    _settings = EmbeddingSampler._settings[:-1] + (  # no refresh_every: one order per epoch
+    _settings = PartitionSampler._settings + (
         "quantile", "method", "shuffle_batches", "nlist", "nprobe", "partitions", "min_partners",
         "interleave", "precision")
-    batches_partition = True
+
+    Options = GCBSOptions
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, quantile: float = 0.999, *,
                  paired: EmbeddingSource | None = None,
                  method: Literal["auto", "exact", "ivf", "faiss", "partition"] = "auto",
-                 shuffle_batches: bool = False, drop_last: bool = False, seed: int = 0,
-                 nlist: int | None = None, nprobe: int = 8, partitions: int | None = None,
-                 device: str | torch.device | None = None,
-                 precision: Literal["fp32", "bf16", "fp16"] = "fp32",
-                 refresh_lag: int | None = None, background: bool = False,
-                 distributed: bool | None = None, process_group=None,
-                 rank: int | None = None, world_size: int | None = None,
-                 global_batch: bool = False, duplicate_keys=None,
-                 min_partners: int | None = None, interleave: int | None = None,
-                 progress: bool | None = None) -> None:
-        super().__init__(embeddings, batch_size, normalize=False, drop_last=drop_last,
-                         seed=seed, rank=rank, world_size=world_size, paired=paired,
-                         refresh_lag=refresh_lag, background=background,
-                         distributed=distributed, process_group=process_group,
-                         global_batch=global_batch, duplicate_keys=duplicate_keys)
+                 shuffle_batches: bool = False, nlist: int | None = None, nprobe: int = 8,
+                 partitions: int | None = None, min_partners: int | None = None,
+                 interleave: int | None = None, **options: Unpack[GCBSOptions]) -> None:
+        shared = take_options(type(self), options, normalize=False)
+        device, precision, progress = (shared.pop(k) for k in ("device", "precision",
+                                                                "progress"))
+        super().__init__(embeddings, batch_size, paired=paired, **shared)
         n = self.num_items
         self.device = resolve_device(device)
         check_precision(precision)
@@ -134,6 +122,13 @@ class GCBSSampler(EmbeddingSampler):
         if partitions is not None and check_int(partitions, "partitions", low=1) > n:
             raise ValueError(f"partitions={partitions} must be at most the N={n} items; use "
                              "partitions <= N or None")
+
+    @property
+    def exact_build(self) -> bool:
+        """Whether a build is the exact (quadratic) pair search (the refresh cost advice)."""
+        return self.method == "exact"
+
+    cheaper_build = "method='ivf' instead of the exact search"
 
     def build(self, x, epoch: int, group) -> Order:
         """Epoch ``epoch``'s item order and batch order, from embeddings ``x`` (a pair

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
@@ -10,10 +12,14 @@ from .._validation import embedding_tensor
 from ..embeddings import EmbeddingSource
 from ..neighbor_index import (RECALL_MARGIN, RECALL_TARGET, NeighborIndex,
                               sampler_index_kind)
-from .embedding_sampler import EmbeddingSampler
+from .options import KNNOptions, take_options
+from .walk_sampler import WalkSampler
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
-class KNNBatchSampler(EmbeddingSampler):
+class KNNBatchSampler(WalkSampler):
     """kNN sampler (the paper's baseline): a random anchor plus its B-1 nearest neighbours.
 
     Anchors are drawn from items not yet seen this epoch. Every
@@ -26,21 +32,19 @@ class KNNBatchSampler(EmbeddingSampler):
         embeddings: as for :class:`ProximityGraphSampler`.
         batch_size: B (< N).
         refresh_every: steps between snapshots; None reads the source once.
-        refresh_lag: steps between a snapshot and its use (default 0).
-        prefetch: batches planned ahead in a prefetch thread (see ProximityGraphSampler).
-        device: where the per-batch product runs (the snapshot lives there; a source on this
-            device is read, normalised and copied there, never through the host).
-        global_batch: each step is one anchor plus its ``world_size * batch_size - 1``
-            nearest rows, rank r taking slice r (see :class:`~hardbatch.samplers.PlanSampler`).
-        duplicate_keys: N hashable keys (e.g. the texts); a batch takes the next nearest
-            neighbour instead of an item whose key it already holds. Needs at least B
-            distinct keys. No key shared: the same batches as without keys.
         method: ``"exact"`` (the product above), ``"faiss-ivf"`` or ``"hnsw"`` (an index of
             each snapshot, :class:`~hardbatch.neighbor_index.NeighborIndex`, tuned to
             recall@(B-1) >= 0.95; one query per batch) or ``"auto"`` (default): an IVF index
             only where it pays for its build (CPU, one process, N above 50,000 and
             ``refresh_every`` None or at least 500 steps), else exact.
-        normalize, drop_last, seed, rank, world_size: as in every sampler.
+        **options: the shared options (:mod:`hardbatch.samplers.options`) but
+            ``background``, ``distributed``, ``process_group``, ``precision`` and ``progress``
+            (a snapshot is a copy, made in one process). Here: ``device`` is where the
+            per-batch product runs (the snapshot lives there; a source on that device is read,
+            normalised and copied there, never through the host); ``global_batch``: one anchor
+            plus its ``world_size * batch_size - 1`` nearest rows per step;
+            ``duplicate_keys``: a batch takes the next nearest neighbour instead of an item
+            whose key it holds (needs B distinct keys).
 
     Under DDP every rank needs the same snapshot for the plans to agree:
     feed it from an :class:`EmbeddingBank` (synchronised across ranks) or a
@@ -58,19 +62,16 @@ class KNNBatchSampler(EmbeddingSampler):
         True
     """
 
-    _settings = EmbeddingSampler._settings + ("method",)  # an index's neighbours may differ
+    _settings = WalkSampler._settings + ("method",)  # an index's neighbours may differ
+
+    Options = KNNOptions
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int,
-                 refresh_every: int | None = 100, *, drop_last: bool = False, seed: int = 0,
-                 normalize: bool = True, refresh_lag: int | None = None, prefetch: int = 0,
-                 device: str | torch.device | None = None, rank: int | None = None,
-                 world_size: int | None = None, global_batch: bool = False,
-                 duplicate_keys=None, method: str = "auto") -> None:
-        super().__init__(embeddings, batch_size, refresh_every=refresh_every,
-                         drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
-                         world_size=world_size, refresh_lag=refresh_lag, distributed=False,
-                         prefetch=prefetch, global_batch=global_batch,
-                         duplicate_keys=duplicate_keys)
+                 refresh_every: int | None = 100, *, method: str = "auto",
+                 **options: Unpack[KNNOptions]) -> None:
+        shared = take_options(type(self), options, distributed=False)
+        device = shared.pop("device")
+        super().__init__(embeddings, batch_size, refresh_every, **shared)
         self.device = resolve_device(device)
         self.method = method
         self.index_kind = sampler_index_kind(method, self.num_items, self.refresh_every,
@@ -80,6 +81,13 @@ class KNNBatchSampler(EmbeddingSampler):
                 str(self.plan_batch_size)
             raise ValueError(f"{name} must be smaller than N={self.num_items} for the kNN "
                              "sampler (anchor plus B-1 neighbours)")
+
+    @property
+    def exact_build(self) -> bool:
+        """Whether every batch is an exact product (``method="exact"``; the cost advice)."""
+        return self.method == "exact"
+
+    cheaper_build = "method='ivf' instead of the exact search"
 
     def build(self, x: torch.Tensor, step: int, group) -> torch.Tensor:
         """The snapshot [N, d] on ``device`` (checked for NaN / inf)."""

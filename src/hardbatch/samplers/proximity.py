@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
@@ -16,10 +16,14 @@ from ..embeddings import EmbeddingSource
 from ..graph import check_graph_sizes, check_group_size, knn_graph, proximity_graph
 from ..schedules import LinearDecay
 from ..walks import WALKS, check_restart, default_patience, prepare_graph
-from .embedding_sampler import EmbeddingSampler
+from .options import ProximityOptions, take_options
+from .walk_sampler import WalkSampler
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
-class ProximityGraphSampler(EmbeddingSampler):
+class ProximityGraphSampler(WalkSampler):
     """BatchSampler (Yang et al., KDD 2023): batches are walks on a proximity graph.
 
     Every ``refresh_every`` steps the sampler re-reads its embedding source
@@ -43,41 +47,23 @@ class ProximityGraphSampler(EmbeddingSampler):
         refresh_every: steps between graph rebuilds (paper's t), counted over
             the whole run; None builds the graph once.
         epochs: planned epochs, for schedules of ``restart``.
-        normalize: L2-normalise embeddings first (cosine similarity); default True.
         group_size: candidate-pool sharing of :func:`proximity_graph` (checked here).
         patience: RWR/RW steps without a new item before jumping to a fresh start.
-        device: where the graph is built (``"cuda"``: products and top-k on the GPU;
-            the candidate pools, hence the graph up to floating-point near-ties, are
-            the same on every device). Walks run on the CPU. A source on this device (an
-            ``EmbeddingBank(device="cuda")``) is read and normalised there, never copied to
-            the host; only the [N, K] neighbour table is.
-        precision: ``"fp32"`` (default), ``"bf16"`` or ``"fp16"`` products with
-            fp32 accumulation (see :func:`hardbatch.proximity_graph`).
-        refresh_lag: steps between the snapshot of the embeddings at a refresh step
-            and the use of the graph built from it (default 0, or 1 with
-            ``background``); see "Background planning" in docs/distributed.md.
-        background: build the next graph in a worker thread from the snapshot, so
-            the training loop does not wait for it; same batches as
-            ``background=False`` with the same ``refresh_lag``.
-        prefetch: plan up to this many batches (walks) ahead in a prefetch thread
-            (default 0: walks run when a batch is requested). Same batches as
-            ``prefetch=0``; snapshots are still taken in the training loop's thread
-            when the refresh step's batch is requested, so the thread runs ahead by
-            at most ``refresh_every + refresh_lag - 1`` steps past a refresh step.
-        distributed: build the graph sharded across the ranks of ``process_group``
-            and all-gather it (identical to the single-process graph). None
-            (default): on when torch.distributed is initialised and ``rank`` /
-            ``world_size`` are its own. Every rank must then iterate the sampler.
-        process_group: torch.distributed group (default: the default group).
-        global_batch: each step is one walk of ``world_size * batch_size`` items, rank r
-            taking slice r (see :class:`~hardbatch.samplers.PlanSampler`).
-        duplicate_keys: N hashable keys (e.g. the texts); a walk never adds an item whose
-            key is already in its batch (it walks on through it). Needs at least B distinct
-            keys. No key shared: the same batches as without keys.
-        progress: a tqdm bar over each graph build's blocks (True), none (False), or (None,
-            default) when stderr is a terminal; shown once a build runs past 2 s. Every
-            build also logs one INFO record on the ``hardbatch`` logger.
-        drop_last, seed, rank, world_size: as in every sampler.
+        **options: the shared options (:mod:`hardbatch.samplers.options`), all of them. Here:
+            ``device="cuda"`` builds the graph's products and top-k on the GPU (the candidate
+            pools, hence the graph up to floating-point near-ties, are the same on every
+            device; walks run on the CPU; a source on that device is read and normalised
+            there, only the [N, K] table reaches the host); ``precision`` as for
+            :func:`hardbatch.proximity_graph`; ``background`` builds the next graph from the
+            snapshot in a worker thread (same batches as without, for the same
+            ``refresh_lag``; docs/distributed.md); ``prefetch`` plans walks ahead, running at
+            most ``refresh_every + refresh_lag - 1`` steps past a refresh step; ``distributed``
+            builds the graph sharded across the ranks and all-gathers it (identical to one
+            process; every rank must iterate the sampler); ``global_batch``: one walk of
+            ``world_size * batch_size`` items per step; ``duplicate_keys``: a walk never adds
+            an item whose key its batch holds (it walks on through it; needs B distinct keys);
+            ``progress``: a bar over each build's blocks once a build runs past 2 s (every
+            build logs one INFO record on the ``hardbatch`` logger).
 
     Example:
         >>> import numpy as np
@@ -89,29 +75,22 @@ class ProximityGraphSampler(EmbeddingSampler):
         (5, [8, 8, 8, 8, 8], (40, 5))
     """
 
-    _settings = EmbeddingSampler._settings + ("candidates", "neighbors", "restart", "walk",
+    _settings = WalkSampler._settings + ("candidates", "neighbors", "restart", "walk",
                                               "graph_kind", "group_size", "patience",
                                               "precision")
+
+    Options = ProximityOptions
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int, candidates: int = 1000,
                  neighbors: int = 100, restart=0.2, walk: str = "rwr",
                  graph: Literal["proximity", "knn"] = "proximity",
                  refresh_every: int | None = 100, *, epochs: int | None = None,
-                 drop_last: bool = False, seed: int = 0, normalize: bool = True,
                  group_size: int | None = None, patience: int | None = None,
-                 device: str | torch.device | None = None,
-                 precision: Literal["fp32", "bf16", "fp16"] = "fp32",
-                 refresh_lag: int | None = None, background: bool = False,
-                 prefetch: int = 0, distributed: bool | None = None, process_group=None,
-                 rank: int | None = None, world_size: int | None = None,
-                 global_batch: bool = False, duplicate_keys=None,
-                 progress: bool | None = None) -> None:
-        super().__init__(embeddings, batch_size, refresh_every=refresh_every,
-                         drop_last=drop_last, seed=seed, normalize=normalize, rank=rank,
-                         world_size=world_size, refresh_lag=refresh_lag, background=background,
-                         distributed=distributed, process_group=process_group,
-                         prefetch=prefetch, global_batch=global_batch,
-                         duplicate_keys=duplicate_keys)
+                 **options: Unpack[ProximityOptions]) -> None:
+        shared = take_options(type(self), options)
+        device, precision, progress = (shared.pop(k) for k in ("device", "precision",
+                                                                "progress"))
+        super().__init__(embeddings, batch_size, refresh_every, **shared)
         self.device = resolve_device(device)
         check_precision(precision)
         self.precision = precision
@@ -146,6 +125,14 @@ class ProximityGraphSampler(EmbeddingSampler):
         elif self.neighbors >= n:
             raise ValueError(f"neighbors={neighbors} must be smaller than N={n}")
         self.group_size = group_size
+
+    @property
+    def exact_build(self) -> bool:
+        """Whether a build is the exact (quadratic) kNN graph (the refresh cost advice)."""
+        return self.graph_kind == "knn"
+
+    cheaper_build = "graph='proximity' (the approximate proximity graph) instead of the exact " \
+        "graph='knn'"
 
     @property
     def graph(self) -> torch.Tensor | None:

@@ -20,10 +20,12 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from .._logging import get_logger
 from .._validation import l2_normalize_rows
 from ..embeddings import EmbeddingBank, EmbeddingSource, read_embeddings, unwritten_bank_warning
 
 Structure = object  # what a sampler draws batches from: a graph, a snapshot, an order
+_log = get_logger("samplers")
 
 # The refresh-cost warning (issue 34): builds that dominate the training loop.
 FEW_STEPS = 10  # an exact build at most this many steps apart is "every few steps"
@@ -49,7 +51,11 @@ class Builder(Protocol):
       array, drawn with stream ``seed`` from start node ``start`` (None: the walk state's next
       one; the start is the batch's first item);
     * ``save_structure(structure)`` / ``load_structure(state)``: the structure as a dict of
-      tensors for checkpoints, and back (None when ``state`` holds none).
+      tensors for checkpoints, and back (None when ``state`` holds none);
+    * optionally ``exact_build`` (whether a build is an exact, quadratic search) and
+      ``cheaper_build`` (the option that makes it cheaper): the cost advice of the policy's
+      warning when rebuilds dominate training. The policy times every build and logs one INFO
+      record per build (what, key, N, seconds) on the ``hardbatch.samplers`` logger.
 
     Example:
         >>> import numpy as np
@@ -234,6 +240,10 @@ class RefreshPolicy:
         t0 = time.perf_counter()
         structure = self.builder.build(x, key, group)
         self.last_refresh_seconds = seconds = time.perf_counter() - t0
+        what = type(self.builder).__name__
+        _log.info("%s build (%s %s): N=%d, seconds=%.3f", what,
+                  "epoch" if self.per_epoch else "refresh step", key, self.num_items, seconds,
+                  extra={"build": what, "key": key, "n": self.num_items, "seconds": seconds})
         self._watch_cost(seconds, waited)
         return structure
 
@@ -249,8 +259,7 @@ class RefreshPolicy:
         if cost["warned"] or self.every is None:
             return
         builder, every = self.builder, self.every
-        exact = getattr(builder, "graph_kind", None) == "knn" or \
-            getattr(builder, "method", None) == "exact"
+        exact = bool(getattr(builder, "exact_build", False))
         if cost["builds"] == 1:
             if not (exact and every <= FEW_STEPS and seconds >= MIN_BUILD_S
                     and seconds / every >= MIN_STEP_COST_S):
@@ -269,10 +278,8 @@ class RefreshPolicy:
             suggest = every * min(1000, max(2, math.ceil(4 * past / max(training, 1e-3))))
         cost["warned"] = True
         what = type(builder).__name__
-        cheaper = ("graph='proximity' (the approximate proximity graph) instead of the exact "
-                   "graph='knn'" if getattr(builder, "graph_kind", None) == "knn" else
-                   "method='ivf' instead of the exact search" if exact else
-                   "a cheaper build (fewer candidates / neighbors, method='ivf')")
+        cheaper = getattr(builder, "cheaper_build", None) or \
+            "a cheaper build (fewer candidates / neighbors, method='ivf')"
         steps = "an epoch" if self.per_epoch else f"refresh_every={every} steps"
         fix = "" if self.per_epoch else f"raise refresh_every (e.g. refresh_every={suggest}), "
         warnings.warn(

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .. import _rng
 from .._validation import num_items_of
 from .base import PlanSampler
 from .duplicates import separate_keys
+from .options import PlanOptions, take_options
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class UniformBatchSampler(PlanSampler):
@@ -16,15 +22,11 @@ class UniformBatchSampler(PlanSampler):
     Args:
         n_or_dataset: number of items N or a sized dataset.
         batch_size: B (per rank).
-        drop_last: drop the last short batch.
-        seed: base seed; the permutation depends on (seed, epoch) only.
-        rank, world_size: distributed split (defaults from torch.distributed).
-        global_batch: each step is one batch of ``world_size * batch_size`` items, rank r
-            taking slice r (see :class:`~hardbatch.samplers.PlanSampler`).
-        duplicate_keys: N hashable keys (e.g. the texts); items with equal keys never share a
-            batch: a clashing item swaps places with an item of the nearest batch of the
-            permutation that lacks its key (deterministic, so still a function of seed and
-            epoch). No key shared: the same batches as without keys.
+        **options: the plan's shared options (:mod:`hardbatch.samplers.options`):
+            ``drop_last``, ``seed`` (the permutation depends on seed and epoch only), ``rank``,
+            ``world_size``, ``global_batch`` and ``duplicate_keys`` (a clashing item swaps
+            places with an item of the nearest batch of the permutation that lacks its key,
+            so still a function of seed and epoch).
 
     Example:
         >>> import hardbatch as hb
@@ -33,12 +35,11 @@ class UniformBatchSampler(PlanSampler):
         ([16, 16, 8], True)
     """
 
-    def __init__(self, n_or_dataset, batch_size: int, *, drop_last: bool = False, seed: int = 0,
-                 rank: int | None = None, world_size: int | None = None,
-                 global_batch: bool = False, duplicate_keys=None) -> None:
-        super().__init__(num_items_of(n_or_dataset), batch_size, drop_last=drop_last, seed=seed,
-                         rank=rank, world_size=world_size, global_batch=global_batch,
-                         duplicate_keys=duplicate_keys)
+    Options = PlanOptions
+
+    def __init__(self, n_or_dataset, batch_size: int, **options: Unpack[PlanOptions]) -> None:
+        super().__init__(num_items_of(n_or_dataset), batch_size,
+                         **take_options(type(self), options))
 
     def _begin_epoch(self, fresh: bool) -> None:
         order = _rng.permutation(self.num_items, _rng.derive_seed(self.seed, self.epoch, 1))

@@ -13,7 +13,7 @@ Arms (:mod:`.run`): ``default`` (sentence-transformers' ``BatchSamplers.NO_DUPLI
 ``mined`` (the same with one hard negative per pair mined by ``mine_hard_negatives`` with the
 starting model: relative margin 0.05, ``--range-max`` candidates; its time is part of the run's),
 ``uniform``, ``knn``, ``proximity``, ``gcbs`` (hardbatch's samplers through
-:func:`hardbatch.integrations.sentence_transformers_sampler.hard_negative_batch_sampler`,
+:func:`hardbatch.integrations.sentence_transformers.hard_negative_batch_sampler`,
 planning from the starting model's embeddings of the queries, ``--refresh teacher``, or from the
 model being trained, ``--refresh model``), any sampler the registry gains (``cluster``,
 ``community``) and ``SAMPLER+mined``. The same seed gives every arm the same initial weights,

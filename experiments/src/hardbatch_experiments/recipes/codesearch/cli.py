@@ -16,6 +16,8 @@ from ... import runs
 from .data import SPLITS, load_code_pairs, split_path
 from .evaluation import distractor_pools
 from .run import (
+    COMMUNITY,
+    COMMUNITY_CONFIGS,
     HARDNESS,
     MINED,
     MODEL,
@@ -74,6 +76,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refresh-every", type=positive_int, default=100, metavar="STEPS")
     p.add_argument("--embed-column", choices=("query", "code"), default="query",
                    help="the column the hardbatch samplers embed (default query)")
+    p.add_argument("--community-config", choices=COMMUNITY_CONFIGS, default=COMMUNITY_CONFIGS[0],
+                   help=f"the {COMMUNITY} arms' settings: hardbatch (the library's defaults: "
+                        "union edges, ranks 4-23, 4 communities a batch) or authors (B3's "
+                        "authors' code: mutual edges, ranks 30-129, one part of exactly B a "
+                        "batch; the label gets @authors) (default hardbatch)")
     p.add_argument("--range-max", type=positive_int, default=50,
                    help=f"{MINED}: candidates per query among which the hard negative is mined "
                         "(default 50)")
@@ -122,6 +129,10 @@ def _check(args) -> None:
         raise ValueError(f"--warmup-ratio {args.warmup_ratio} must lie in [0, 1)")
     if not 0 <= args.relative_margin < 1:
         raise ValueError(f"--relative-margin {args.relative_margin} must lie in [0, 1)")
+    if args.community_config != COMMUNITY_CONFIGS[0] and \
+            all(arm.sampler != COMMUNITY for arm in parse_arms(args.arm)):
+        raise ValueError(f"--community-config {args.community_config} sets the {COMMUNITY} "
+                         f"arms only; add one (e.g. --arm {COMMUNITY}) or drop the option")
     splits = _splits(args.eval_split)
     if not splits and not args.eval_file:
         print("[codesearch] warning: no evaluation set (--eval-split none, no --eval-file): the "

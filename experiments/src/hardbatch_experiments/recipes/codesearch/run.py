@@ -5,7 +5,7 @@ Arms (:func:`parse_arms`): ``default`` (``BatchSamplers.NO_DUPLICATES``), ``mine
 sampler on triplets with one mined hard negative per pair), every sampler name of
 :mod:`hardbatch.registry` (``uniform``, ``knn``, ``proximity``, ``gcbs``; names another issue
 registers, e.g. ``cluster`` and ``community``, become arms as soon as the registry has them)
-through :func:`hardbatch.integrations.sentence_transformers_sampler.hard_negative_batch_sampler`,
+through :func:`hardbatch.integrations.sentence_transformers.hard_negative_batch_sampler`,
 and ``SAMPLER+mined`` (that sampler on the mined triplets; named explicitly, not part of ``all``),
 and ``zeroshot`` (the starting model evaluated without training: the reference every arm moves
 from; named explicitly).
@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hardbatch.integrations.sentence_transformers_sampler import (
+from hardbatch import CommunityBatchSampler
+from hardbatch.integrations.sentence_transformers import (
     DEFAULT_SAMPLER,
     hard_negative_batch_sampler,
 )
@@ -44,7 +45,7 @@ from .model import (
     training_classes,
 )
 
-__all__ = ["HARDNESS", "HARDNESS_MODES", "K", "MINED", "hardness_mode", "MODEL", "TAG_DEFAULTS", "ZERO_SHOT", "Arm", "arm_label", "evaluate_model", "parse_arms",
+__all__ = ["COMMUNITY", "COMMUNITY_CONFIGS", "HARDNESS", "HARDNESS_MODES", "K", "MINED", "hardness_mode", "MODEL", "TAG_DEFAULTS", "ZERO_SHOT", "Arm", "arm_label", "evaluate_model", "parse_arms",
            "result_path", "run_one", "run_tag"]
 
 MODEL = "all-MiniLM-L6-v2"
@@ -55,6 +56,10 @@ MINED = "mined"
 HARDNESS = "hardness"
 #: The arm that evaluates the starting model without training.
 ZERO_SHOT = "zeroshot"
+#: The sampler of B3 and ``--community-config``'s values: ``hardbatch`` (the library's
+#: defaults) or ``authors`` (``CommunityBatchSampler.AUTHORS``: B3's authors' code).
+COMMUNITY = "community"
+COMMUNITY_CONFIGS = ("hardbatch", "authors")
 # options entering the run tag through a short hash when they differ from these values
 TAG_DEFAULTS = {"model": MODEL, "batch_size": 64, "lr": 2e-5, "warmup_ratio": 0.1,
                 "eval_split": "valid,test", "eval_file": None, "eval_limit": None,
@@ -136,7 +141,8 @@ def _parse_arm(item: str) -> Arm:
 def arm_label(arm: Arm, args) -> str:
     """The arm's part of the result name: its name, plus the arm-specific options that differ
     from their defaults (``@model100``: refreshed from the trained model every 100 steps;
-    ``@code``: embeds the code column; ``@r50``: mined among the 50 nearest)."""
+    ``@code``: embeds the code column; ``@r50``: mined among the 50 nearest; ``@authors``: the
+    community sampler with B3's authors' settings)."""
     label = arm.name
     if arm.encodes and args.refresh == "model":
         label += f"@model{args.refresh_every}"
@@ -147,7 +153,17 @@ def arm_label(arm: Arm, args) -> str:
     if arm.hardness:
         mode = hardness_mode(arm, args)
         label += f"@{HARDNESS_MODES[mode]}{args.hardness_strength:g}"
+    if _sampler_options(arm, args):
+        label += f"@{args.community_config}"
     return label
+
+
+def _sampler_options(arm: Arm, args) -> dict:
+    """The arm's sampler options beyond the integration's defaults: B3's authors' settings for
+    the community arms with ``--community-config authors``, else none."""
+    config = getattr(args, "community_config", COMMUNITY_CONFIGS[0])
+    return dict(CommunityBatchSampler.AUTHORS) if arm.sampler == COMMUNITY and \
+        config == "authors" else {}
 
 
 #: ``--hardness-mode`` values and their short form in the result names.
@@ -228,6 +244,7 @@ def _hard_sampler(args, arm: Arm, model, train, seed_emb: np.ndarray):
     sentence-transformers integration), wrapped so that the time spent drawing batches is
     measured; returns ``(callable, wrappers built)``."""
     options = {"embeddings": seed_emb} if arm.encodes else {}  # uniform takes no embeddings
+    options.update(_sampler_options(arm, args))
     make = hard_negative_batch_sampler(
         model, arm.sampler, train_dataset=train,
         text_column="anchor" if args.embed_column == "query" else "positive",
@@ -358,6 +375,7 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
                               "sentence-transformers BatchSamplers.NO_DUPLICATES"
                               if arm.sampler == DEFAULT_SAMPLER else
                               f"hard_negative_batch_sampler({arm.sampler!r})"),
+            "sampler_options": _sampler_options(arm, args),
             "refresh": (args.refresh if arm.encodes else None),
             "refresh_every": (args.refresh_every if arm.encodes and args.refresh == "model"
                               else None),

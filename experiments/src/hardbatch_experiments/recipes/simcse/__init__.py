@@ -22,7 +22,7 @@ SimCSE form through :class:`hardbatch.integrations.sentence_transformers.Sentenc
 ``infonce`` equals MNRL).
 
 Samplers (all passed as ``batch_sampler=`` through
-:func:`hardbatch.integrations.sentence_transformers_sampler.hard_negative_batch_sampler`):
+:func:`hardbatch.integrations.sentence_transformers.hard_negative_batch_sampler`):
 ``default`` (sentence-transformers' ``NoDuplicatesBatchSampler``), ``uniform``, ``knn``,
 ``proximity`` (proximity graph + RWR, alpha 0.7, M 1000, K 500 as BatchSampler advises for
 pre-trained language models, capped to M <= N/2, K <= M/2) and ``gcbs`` (quantile 0.999). The

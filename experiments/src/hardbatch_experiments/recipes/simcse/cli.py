@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from hardbatch.cli_types import temperature
-from hardbatch.integrations.sentence_transformers_sampler import DEFAULT_SAMPLER
+from hardbatch.integrations.sentence_transformers import DEFAULT_SAMPLER
 from hardbatch.registry import parse_names
 
 from ... import runs

@@ -17,7 +17,7 @@ The construction (exactly reproducible from the seed):
   dropout acts in every layer and every layer is trained.
 * **Encoding for the samplers** (:class:`CachedEncoder`): the top layers in eval mode over the
   cache, mean pooling, unit norm; it has ``encode(texts, ...)`` so the library's
-  :func:`~hardbatch.integrations.sentence_transformers_sampler.hard_negative_batch_sampler`
+  :func:`~hardbatch.integrations.sentence_transformers.hard_negative_batch_sampler`
   builds and refreshes every sampler (``default`` = sentence-transformers'
   ``NoDuplicatesBatchSampler``) on it unchanged.
 * **Step** (:func:`train_partial`): batch ids -> cached rows (trimmed to the batch's longest

@@ -85,7 +85,7 @@ def run_partial(args, sampler_name: str, loss_name: str, seed: int, path: Path,
     ``path`` (JSON) and returns the record. ``loss_name`` must be ``mnrl`` / ``infonce``."""
     from datasets import Dataset
 
-    from hardbatch.integrations.sentence_transformers_sampler import hard_negative_batch_sampler
+    from hardbatch.integrations.sentence_transformers import hard_negative_batch_sampler
 
     from ...sts import evaluate_sts, load_sentence_transformer
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hardbatch.integrations.sentence_transformers_sampler import (
+from hardbatch.integrations.sentence_transformers import (
     DEFAULT_SAMPLER,
     hard_negative_batch_sampler,
 )

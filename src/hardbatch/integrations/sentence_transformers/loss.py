@@ -1,4 +1,4 @@
-"""sentence-transformers integration.
+"""The sentence-transformers loss adapter: :class:`SentenceTransformerLoss`.
 
 ``SentenceTransformerLoss`` is a drop-in replacement for
 ``sentence_transformers.losses.MultipleNegativesRankingLoss`` (MNRL) that computes any hardbatch
@@ -16,19 +16,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_choice, check_margin
-from ..losses import guided_mask
-from ..registry import canonical_loss, make_loss
+from ..._validation import check_choice, check_margin
+from ...losses import guided_mask
+from ...registry import canonical_loss, make_loss
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
 
-__all__ = [
-    "HardNegativeBatchSampler",
-    "SentenceTransformerLoss",
-    "TextEmbeddingSource",
-    "hard_negative_batch_sampler",
-]
+__all__ = ["SentenceTransformerLoss"]
 
 
 class SentenceTransformerLoss(nn.Module):
@@ -258,11 +253,3 @@ def _must_retokenize(model, guide) -> bool:
         return True
     shorter = getattr(guide, "max_seq_length", math.inf) < getattr(model, "max_seq_length", 0)
     return shorter or tok.get_vocab() != guide_tok.get_vocab()
-
-
-# The batch sampler half of the integration (hard-negative batches re-embedded with the model).
-from .sentence_transformers_sampler import (
-    HardNegativeBatchSampler,
-    TextEmbeddingSource,
-    hard_negative_batch_sampler,
-)

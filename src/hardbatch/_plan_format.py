@@ -1,0 +1,201 @@
+"""The plan file format of :mod:`hardbatch.plan_files`: writing a plan's Parquet table with
+its metadata and checksum (atomically), and reading it back checked (:func:`read_plan`,
+:class:`Plan`). The format and why it is Parquet: :mod:`hardbatch.plan_files`.
+
+Public names of a private module: the library's own helpers; users import them from
+:mod:`hardbatch.plan_files` (or :mod:`hardbatch`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from ._integrity import digest
+from ._validation import check_int
+
+__all__ = ["FORMAT", "META_FIELDS", "META_KEY", "VERSION", "Plan", "atomic_write",
+           "pyarrow_modules", "read_plan", "write_table"]
+
+FORMAT, VERSION, META_KEY = "hardbatch-plan", 1, b"hardbatch.plan"
+META_FIELDS = ("format", "version", "sampler", "options", "seed", "epochs", "world_size",
+               "batch_size", "steps_per_epoch", "num_rows", "embeddings_sha256",
+               "hardbatch_version", "sha256")
+
+
+def pyarrow_modules():
+    """``(pyarrow, pyarrow.parquet)``, or an ``ImportError`` naming the ``plans`` extra."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError('plan files are Parquet files, read and written with pyarrow: '
+                          'pip install "hardbatch[plans]"') from None
+    return pa, pq
+
+
+def atomic_write(path, write) -> None:
+    """``write(file)`` into a temporary file beside ``path``, flushed to disk, then renamed onto
+    ``path``: readers see the old file or the whole new one, never a part."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _body(meta: dict, keys, offsets, rows) -> dict:
+    return {"meta": {k: v for k, v in meta.items() if k != "sha256"}, "keys": keys,
+            "offsets": offsets, "rows": rows}
+
+
+def write_table(path, meta: dict, batches: dict) -> None:
+    """Write ``{(epoch, rank): batches}`` with ``meta`` (its checksum added) atomically."""
+    pa, pq = pyarrow_modules()
+    grid = [(e, r, s) for e, s, r in itertools.product(
+        range(meta["epochs"]), range(meta["steps_per_epoch"]), range(meta["world_size"]))]
+    flat = [np.asarray(batches[e, r][s], np.int64) for e, r, s in grid]
+    keys = np.array(grid, np.int64).reshape(-1, 3)
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in flat])]).astype(np.int64)
+    rows = np.concatenate(flat) if flat else np.zeros(0, np.int64)
+    meta = dict(meta, sha256=digest(_body(meta, keys, offsets, rows)))
+    table = pa.table({**{c: pa.array(keys[:, i], pa.int32())
+                         for i, c in enumerate(("epoch", "rank", "step"))},
+                      "rows": pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(rows))})
+    table = table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()})
+    atomic_write(path, lambda f: pq.write_table(table, f))
+
+
+class Plan:
+    """A checked plan (:func:`read_plan`): its metadata as attributes (``plan.sampler``,
+    ``plan.options``, ``plan.seed``, ``plan.epochs``, ``plan.world_size``, ``plan.batch_size``,
+    ``plan.steps_per_epoch``, ``plan.num_rows``, ``plan.embeddings_sha256``, ...; all of them in
+    ``plan.meta``) and :meth:`batches`.
+
+    Example:
+        >>> import tempfile, numpy as np
+        >>> from hardbatch.plan_files import write_plan
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> plan = write_plan(f"{tmp.name}/p.parquet", np.ones((40, 8)), "uniform", 16, epochs=2)
+        >>> plan
+        Plan('.../p.parquet', sampler='uniform', epochs=2, world_size=1, batch_size=16)
+        >>> plan.steps_per_epoch, plan.num_rows, [len(b) for b in plan.batches(epoch=1, rank=0)]
+        (3, 40, [16, 16, 8])
+        >>> tmp.cleanup()
+    """
+
+    def __init__(self, path, meta: dict, keys: np.ndarray, offsets: np.ndarray,
+                 rows: np.ndarray) -> None:
+        self.path, self.meta = str(path), meta
+        e, w, s = meta["epochs"], meta["world_size"], meta["steps_per_epoch"]
+        order = np.lexsort((keys[:, 1], keys[:, 2], keys[:, 0]))  # by epoch, step, rank
+        grid = np.array([(a, c, b) for a, b, c in itertools.product(range(e), range(s), range(w))],
+                        np.int64).reshape(-1, 3)
+        if keys.shape != grid.shape or not np.array_equal(keys[order], grid):
+            raise _corrupt(path, f"it does not hold exactly one batch per (epoch, rank, step) "
+                                 f"of epochs={e}, world_size={w}, steps_per_epoch={s}")
+        sizes = np.diff(offsets)
+        if ((sizes < 1) | (sizes > meta["batch_size"])).any():
+            raise _corrupt(path, f"its batches hold {sizes.min()} to {sizes.max()} rows, not "
+                                 f"1..batch_size={meta['batch_size']}")
+        bad = np.flatnonzero((rows < 0) | (rows >= meta["num_rows"]))
+        if len(bad):
+            ep, r, st = keys[np.searchsorted(offsets, bad[0], side="right") - 1]
+            raise ValueError(f"{path}: row id {rows[bad[0]]} (epoch {ep}, rank {r}, step {st}) "
+                             f"is out of range for its num_rows={meta['num_rows']}; write the "
+                             "plan again from the dataset's embeddings (write_plan, hardbatch "
+                             "plan)")
+        self._order, self._offsets, self._rows = order, offsets, rows
+
+    def __getattr__(self, name):
+        meta = self.__dict__.get("meta", {})
+        if name in meta:
+            return meta[name]
+        raise AttributeError(f"'Plan' object has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        return (f"Plan({self.path!r}, sampler={self.sampler!r}, epochs={self.epochs}, "
+                f"world_size={self.world_size}, batch_size={self.batch_size})")
+
+    def batches(self, epoch: int = 0, rank: int = 0) -> list[list[int]]:
+        """Rank ``rank``'s batches of ``epoch`` (row ids), in step order."""
+        epoch, rank = check_int(epoch, "epoch", 0), check_int(rank, "rank", 0)
+        if epoch >= self.epochs:
+            raise ValueError(f"{self.path}: epoch={epoch} is beyond the plan, which holds epochs "
+                             f"0..{self.epochs - 1}; write the plan with epochs={epoch + 1} or "
+                             "more (write_plan(epochs=...), hardbatch plan --epochs)")
+        if rank >= self.world_size:
+            raise ValueError(f"{self.path} holds ranks 0..{self.world_size - 1} (world_size="
+                             f"{self.world_size}) but rank={rank} was asked for; write the plan "
+                             "for the job's world size (hardbatch plan --world-size)")
+        s, w, o = self.steps_per_epoch, self.world_size, self._offsets
+        return [self._rows[o[i]:o[i + 1]].tolist()
+                for i in self._order[(epoch * s + np.arange(s)) * w + rank]]
+
+
+def _corrupt(path, why: str) -> ValueError:
+    return ValueError(f"{path} is corrupted or not a whole plan file: {why}; write it again with "
+                      "write_plan / hardbatch plan (or restore it from a copy)")
+
+
+def read_plan(path) -> Plan:
+    """The :class:`Plan` in the Parquet file ``path``, checked: a file that is not Parquet, not
+    a plan, of another format version, corrupted (checksum) or with row ids outside its
+    ``num_rows`` is a ``ValueError`` naming the file.
+
+    Example:
+        >>> import tempfile, numpy as np
+        >>> from hardbatch.plan_files import read_plan, write_plan
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> _ = write_plan(f"{tmp.name}/plan.parquet", np.ones((40, 8)), "uniform", 16, seed=3)
+        >>> plan = read_plan(f"{tmp.name}/plan.parquet")
+        >>> plan.seed, plan.num_rows, [len(b) for b in plan.batches(epoch=0, rank=0)]
+        (3, 40, [16, 16, 8])
+        >>> tmp.cleanup()
+    """
+    pa, pq = pyarrow_modules()
+    try:
+        table = pq.read_table(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"plan file not found: {path}") from None
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise _corrupt(path, f"it is not a readable Parquet file ({exc})") from None
+    raw = (table.schema.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise ValueError(f"{path} is a Parquet file but not a hardbatch plan (no "
+                         f"{META_KEY.decode()!r} metadata); write plans with write_plan or "
+                         "hardbatch plan")
+    try:
+        meta = json.loads(raw)
+        if (meta.get("format"), meta.get("version")) != (FORMAT, VERSION):
+            raise _corrupt(path, f"its metadata says format {meta.get('format')!r} version "
+                                 f"{meta.get('version')!r}; this hardbatch reads {FORMAT!r} "
+                                 f"version {VERSION}")
+        if [k for k in META_FIELDS if k not in meta]:
+            raise _corrupt(path, f"its metadata lacks {[k for k in META_FIELDS if k not in meta]}")
+        columns = [table.column(c) for c in ("epoch", "rank", "step")]
+        lists = table.column("rows").combine_chunks()
+        if any(c.null_count for c in columns) or lists.null_count or \
+                not pa.types.is_large_list(lists.type):
+            raise _corrupt(path, "its columns hold nulls or 'rows' is not a list column")
+        keys = np.stack([c.to_numpy() for c in columns], 1).astype(np.int64)
+        offsets = lists.offsets.to_numpy().astype(np.int64)
+        rows = lists.flatten().to_numpy().astype(np.int64)
+    except (pa.ArrowException, KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+        raise _corrupt(path, f"{type(exc).__name__}: {exc}") from None
+    offsets -= offsets[0]
+    if digest(_body(meta, keys, offsets, rows)) != meta["sha256"]:
+        raise _corrupt(path, "the SHA-256 of its metadata and batches differs from the checksum "
+                             "written with it (a byte changed after it was written)")
+    return Plan(path, meta, keys, offsets, rows)

