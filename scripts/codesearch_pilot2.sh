@@ -4,14 +4,16 @@
 #   - the hardness strength of sentence-transformers' MultipleNegativesRankingLoss(hardness_mode=)
 #     for default batches (arm `hardness`: in_batch_negatives) and for the mined triplets (arm
 #     `mined+hardness`: all_negatives), from STRENGTHS;
-#   - the authors' B3 configuration against hardbatch's (arms in B3_ARMS, when given).
+#   - the authors' B3 configuration against hardbatch's: community and community+mined with
+#     --community-config authors, and hardbatch's community+mined on seed 0 (wave 1 has its
+#     community alone), run by the first loop once its strengths are done.
 # Two loops side by side (one per arm family, one thread each), strengths in the order given so
 # that the grid's range is covered first; resumable: finished runs are skipped.
 #
 #   nohup scripts/codesearch_pilot2.sh > results/code_search/pilots/wave2.log 2>&1 &
 #
-# Env: STRENGTHS ("3 10 1 5"), OUT (results/code_search/pilots/wave2), B3_ARMS (empty: extra
-#      arms for the first loop once its strengths are done, e.g. "community@authors").
+# Env: STRENGTHS ("3 10 1 5"), OUT (results/code_search/pilots/wave2), B3 (1: run the B3
+#      comparison; 0: skip it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 read -r -a STRENGTH_LIST <<< "${STRENGTHS:-3 10 1 5}"
@@ -25,7 +27,11 @@ loop() {  # loop ARM: every strength of ARM, one after another
 }
 status=0
 (loop hardness 2>&1 | sed -u "s/^/[pairs] /"
- if [[ -n "${B3_ARMS:-}" ]]; then ARMS="$B3_ARMS" bash scripts/codesearch_grid.sh; fi) &
+ if [[ "${B3:-1}" == 1 ]]; then
+   ARMS="community+mined" bash scripts/codesearch_grid.sh 2>&1 | sed -u "s/^/[b3] /"
+   ARMS="community community+mined" EXTRA="--community-config authors" \
+     bash scripts/codesearch_grid.sh 2>&1 | sed -u "s/^/[b3] /"
+ fi) &
 a=$!
 sleep 5
 loop mined+hardness 2>&1 | sed -u "s/^/[triplets] /" || status=1

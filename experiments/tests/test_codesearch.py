@@ -362,3 +362,77 @@ def test_bench_codesearch_input_errors(code_data, tmp_path, capsys):
     assert main(base + ["--arm", "bogus"]) == 2
     assert "unknown arm 'bogus'" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------------------ device, budget
+def test_device_option_parses_and_reaches_the_training_arguments(monkeypatch):
+    pytest.importorskip("sentence_transformers")
+    from hardbatch_experiments.recipes.codesearch import build_parser
+    from hardbatch_experiments.recipes.codesearch import model as model_module
+    from hardbatch_experiments.recipes.codesearch.cli import _command
+    from hardbatch_experiments.recipes.codesearch.run import _train, run_tag
+
+    parse = build_parser().parse_args
+    assert parse([]).device == "cpu" and parse([]).precision == "fp32"
+    assert run_tag(parse([]), 100) == "n100_ep1_L256q64"  # the CPU grids' names are unchanged
+    assert run_tag(parse(["--device", "cuda"]), 100).startswith("n100_ep1_L256q64_h")
+    assert "--device cuda --precision bf16" in _command(
+        parse(["--device", "cuda", "--precision", "bf16"]), "default", 1)
+    with pytest.raises(SystemExit):
+        parse(["--device", "tpu"])
+    monkeypatch.setattr(model_module.torch.cuda, "is_available", lambda: False)
+    assert model_module.resolve_device("auto") == "cpu"
+    with pytest.raises(ValueError, match="--device cuda: torch .* sees no CUDA device"):
+        model_module.resolve_device("cuda")
+    monkeypatch.setattr(model_module.torch.cuda, "is_available", lambda: True)
+    assert model_module.resolve_device("auto") == model_module.resolve_device("cuda") == "cuda"
+
+    seen = {}
+
+    class Arguments:
+        def __init__(self, **kw):
+            seen.update(kw)
+
+    class Trainer:
+        def __init__(self, **kw):
+            self.callbacks = kw["callbacks"]
+
+        def train(self):
+            return type("Result", (), {"global_step": 0, "training_loss": 0.0})()
+
+    class Model:
+        def preprocess(self, *a, **kw):
+            return {}
+
+    for argv, use_cpu, bf16 in (([], True, False), (["--device", "cuda"], False, False),
+                                (["--device", "cuda", "--precision", "bf16"], False, True)):
+        seen.clear()
+        _train(parse(argv + ["--steps", "3"]), Model(), [], None, {"anchor": 8}, {}, 0,
+               (Trainer, Arguments, lambda model, **kw: None), {})
+        assert (seen["use_cpu"], seen["bf16"], seen["max_steps"]) == (use_cpu, bf16, 3)
+
+
+def test_time_budget_plans_the_longest_prefix_and_the_epochs():
+    from hardbatch_experiments.recipes.codesearch import build_parser
+    from hardbatch_experiments.recipes.codesearch.cli import (
+        _batch_sizes,
+        choose_epochs,
+        plan_prefix,
+    )
+
+    cost = {"a": 10.0, "b": 20.0, "c": 5.0, "d": 1.0}
+    assert plan_prefix(list("abcd"), cost.get, 100) == (list("abcd"), [])
+    assert plan_prefix(list("abcd"), cost.get, 31) == (["a", "b"], ["c", "d"])  # c would fit
+    assert plan_prefix(list("abcd"), cost.get, 30, done=["c"]) == (["a", "b", "c"], ["d"])
+    assert plan_prefix(list("abcd"), cost.get, 5) == ([], list("abcd"))
+    assert plan_prefix(list("ab"), {"a": float("inf"), "b": 0.0}.get, 10) == ([], ["a", "b"])
+    assert choose_epochs(1.0, 3, lambda e: e <= 2) == 2.0
+    assert choose_epochs(1.0, 3, lambda e: False) == 1.0
+    assert choose_epochs(1.0, None, lambda e: True) == 1.0  # no --max-epochs: --epochs
+    assert choose_epochs(0.5, 2, lambda e: e <= 1) == 1.0
+    args = build_parser().parse_args(["--batch-sizes", "64,256,64"])
+    assert _batch_sizes(args) == [64, 256]
+    assert _batch_sizes(build_parser().parse_args([])) == [64]
+    for bad in ("1,64", "64,", "x"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--batch-sizes", bad])

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from .._integrity import INTEGRITY_KEY, digest, seal, verify, warn_legacy
+from .._integrity import INTEGRITY_KEY, digest, seal, verify
 from .._validation import check_int
 from ..data import warn_if_loader_items_lack_index
 from .duplicates import DuplicateKeys, check_partition_keys, check_walk_keys, encode_keys
@@ -131,7 +131,7 @@ class PlanSampler(Sampler[list[int]]):
     # of the same kind with equal values. Subclasses extend it with their options.
     _settings = ("num_items", "batch_size", "world_size", "seed", "drop_last", "global_batch",
                  "duplicate_keys_digest")
-    _state_keys = ("kind", "epoch", "step", "generator")  # also one of pending_plan / pending
+    _state_keys = ("kind", "epoch", "step", "generator")
     batches_partition = True  # whether an epoch's batches partition the items (else: walks, kNN)
 
     def __init__(self, num_items: int, batch_size: int, *, drop_last: bool = False,
@@ -371,22 +371,17 @@ class PlanSampler(Sampler[list[int]]):
         state.update(kind=type(self).__name__, epoch=epoch, step=consumed, rank=self.rank,
                      generator=self._generator_state(
                          mid_epoch=bool(active and (yielded or planned))))
-        if all(b is not None for plan in steps for b in plan):
-            # Plan batches consumed*W, consumed*W + 1, ...: rank r replays those = r (mod W).
-            state["pending_plan"] = [torch.from_numpy(np.array(b, np.int64))
-                                     for plan in steps for b in plan]
-        else:  # replaying a checkpoint of an older version, which held this rank's batches only
-            state["pending"] = [torch.from_numpy(np.array(plan[self.rank], np.int64))
-                                for plan in steps]
+        # Plan batches consumed*W, consumed*W + 1, ...: rank r replays those = r (mod W).
+        state["pending_plan"] = [torch.from_numpy(np.array(b, np.int64))
+                                 for plan in steps for b in plan]
         return seal(state, "sampler state")
 
     def _check_state(self, state: dict) -> None:
         """``ValueError`` unless ``state`` is a whole, uncorrupted state of a sampler of this
-        kind and settings (a state without checksum, from an older version: one warning)."""
+        kind and settings."""
         if not isinstance(state, dict):
             raise ValueError(f"state must be the dict of a sampler's state_dict(), got "
                              f"{type(state).__name__}")
-        legacy = INTEGRITY_KEY not in state and "kind" not in state  # older versions wrote neither
         mine = type(self).__name__
         kind = state.get("kind", mine)
         if kind != mine and (not isinstance(kind, str)
@@ -394,15 +389,8 @@ class PlanSampler(Sampler[list[int]]):
             verify(state, "sampler state")  # a corrupted name is reported as such
             raise ValueError(f"state was saved by a {kind} but this sampler is a {mine}; load "
                              f"it into a {kind} constructed with the same options")
-        # older states lack "kind" and some settings: those are not compared
-        required = [k for k in self._state_keys if not (legacy and k == "kind")]
-        if "pending_plan" not in state and "pending" not in state:
-            required.append("pending_plan")
-        _check_keys(state, required + ([] if legacy else [*self._settings, INTEGRITY_KEY]))
-        if legacy:
-            warn_legacy("sampler", "a sampler state", stacklevel=4)
-        else:
-            verify(state, "sampler state")
+        _check_keys(state, [*self._state_keys, "pending_plan", *self._settings, INTEGRITY_KEY])
+        verify(state, "sampler state")
         diffs = [(key, state[key], _setting(getattr(self, key))) for key in self._settings
                  if key in state and state[key] != _setting(getattr(self, key))]
         if diffs:
@@ -419,20 +407,11 @@ class PlanSampler(Sampler[list[int]]):
         """
         self._check_state(state)
         w = self.plan_width
-        if "pending_plan" in state:
-            flat = [np.asarray(b, dtype=np.int64) for b in state["pending_plan"]]
-            if len(flat) % w:
-                raise ValueError(f"state['pending_plan'] holds {len(flat)} batches, not whole "
-                                 f"steps of world_size={w}; pass a state from state_dict()")
-            pending = [flat[i:i + w] for i in range(0, len(flat), w)]
-        else:  # this rank's batches only (saved by an older version, or replaying one)
-            saved = state.get("rank")
-            if saved is not None and saved != self.rank and len(state["pending"]):
-                raise ValueError(
-                    f"state holds the pending batches of rank {saved} only but this sampler has "
-                    f"rank={self.rank}; load the state_dict() that rank {self.rank} saved")
-            pending = [[np.asarray(b, dtype=np.int64) if r == self.rank else None
-                        for r in range(self.world_size)] for b in state["pending"]]
+        flat = [np.asarray(b, dtype=np.int64) for b in state["pending_plan"]]
+        if len(flat) % w:
+            raise ValueError(f"state['pending_plan'] holds {len(flat)} batches, not whole "
+                             f"steps of world_size={w}; pass a state from state_dict()")
+        pending = [flat[i:i + w] for i in range(0, len(flat), w)]
         if self.prefetcher is not None:  # a running iteration is superseded by the loaded state
             self.prefetcher.stop(self.prefetcher.run)
         self.epoch = int(state["epoch"])

@@ -170,37 +170,18 @@ def test_state_of_one_rank_resumes_every_rank(emb, kind, prefetch):
         assert list(fresh) == reference[r][2:], r
 
 
-def legacy(state, rank, world):
-    """The state as hardbatch wrote it before pending batches were kept for every rank."""
-    old = {k: v for k, v in state.items() if k not in ("pending_plan", "rank", "drop_last",
-                                                        "refresh_every", "kind", "integrity")}
-    old["pending"] = state["pending_plan"][rank::world]
-    return old
-
-
 @pytest.mark.parametrize("kind", KINDS)
-def test_legacy_state_with_this_ranks_batches_still_resumes(emb, kind):
-    world = 2
-    reference = list(make_ranked(kind, emb, 1, world))
-    saver = make_ranked(kind, emb, 1, world)
+def test_a_state_of_another_format_is_refused_naming_what_is_missing(emb, kind):
+    saver = make_ranked(kind, emb, 1, 2)
     it = iter(saver)
-    for _ in range(5):
+    for _ in range(3):
         next(it)
-    old = legacy(saver.state_dict(consumed=2), 1, world)
-    fresh = make_ranked(kind, emb, 1, world)
-    fresh.load_state_dict(old)
-    it = iter(fresh)
-    assert next(it) == reference[2]  # replaying the legacy pending batches
-    # a state taken while replaying holds rank 1's batches only: it records the rank
-    again = fresh.state_dict(consumed=2)
-    assert "pending_plan" not in again and again["rank"] == 1
-    with pytest.raises(ValueError, match="pending batches of rank 1 only but this sampler has "
-                                         "rank=0"):
-        make_ranked(kind, emb, 0, world).load_state_dict(again)
-    same = make_ranked(kind, emb, 1, world)
-    same.load_state_dict(again)
-    assert list(same) == reference[2:]
-    assert [next(it) for _ in range(len(reference) - 3)] == reference[3:]
+    state = saver.state_dict(consumed=2)
+    old = {k: v for k, v in state.items() if k not in ("pending_plan", "integrity")}
+    old["pending"] = state["pending_plan"][1::2]  # one rank's batches, no checksum
+    with pytest.raises(ValueError, match="state is missing 'pending_plan'.*not a whole "
+                                         "state_dict"):
+        make_ranked(kind, emb, 1, 2).load_state_dict(old)
 
 
 def test_damaged_pending_plan_rejected(emb):
@@ -211,9 +192,12 @@ def test_damaged_pending_plan_rejected(emb):
     state["pending_plan"] = state["pending_plan"][:1]
     with pytest.raises(ValueError, match="sampler state is corrupted"):  # its checksum (issue 34)
         make_ranked("uniform", emb, 1, 2).load_state_dict(state)
-    del state["integrity"], state["kind"]  # as older versions wrote it: the plan is still checked
+    from hardbatch._integrity import seal
+
+    del state["integrity"]
+    resealed = seal(state, "sampler state")  # a whole, sealed state: the plan is still checked
     with pytest.raises(ValueError, match="holds 1 batches, not whole steps of world_size=2"):
-        make_ranked("uniform", emb, 1, 2).load_state_dict(state)
+        make_ranked("uniform", emb, 1, 2).load_state_dict(resealed)
 
 
 # -- the prefetch thread gives the same batches -----------------------------------------------

@@ -14,8 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hardbatch as hb
-from hardbatch import _integrity
-from hardbatch._integrity import LegacyStateWarning, tensor_record_spans
+from hardbatch._integrity import tensor_record_spans
 from hardbatch.samplers.refresh import RefreshCostWarning
 
 SMALL = np.random.default_rng(0).standard_normal((120, 8)).astype(np.float32)
@@ -109,18 +108,11 @@ def test_a_flipped_byte_of_a_saved_state_is_detected(kind, tmp_path):
             FACTORIES[kind]().load_state_dict(state)
 
 
-def test_a_legacy_state_loads_with_one_warning(monkeypatch):
-    reference = list(FACTORIES["KNNBatchSampler"]())
+def test_a_state_without_kind_or_checksum_is_refused():
     state = mid_epoch_state(FACTORIES["KNNBatchSampler"]())
     old = {k: v for k, v in state.items() if k not in ("kind", "integrity", "normalize",
                                                         "refresh_lag", "duplicate_keys_digest")}
-    monkeypatch.setattr(_integrity, "_WARNED", set())
-    fresh = FACTORIES["KNNBatchSampler"]()
-    with pytest.warns(LegacyStateWarning, match="sampler state has no checksum"):
-        fresh.load_state_dict(old)
-    assert list(fresh) == reference[3:]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # one warning per process
+    with pytest.raises(ValueError, match="state is missing 'kind'"):
         FACTORIES["KNNBatchSampler"]().load_state_dict(old)
 
 

@@ -8,15 +8,18 @@ first round); ``pilots/encoding__*.json``: the encoding pilot
 wave of 150-step runs on the valid split, seed 0 (``scripts/codesearch_grid.sh`` with
 ``SEEDS=0 EVAL=valid``); ``confirm/``: the pre-registered confirmation on fresh seeds and the
 test split. Every arm is compared with ``default`` (and the hard-batch arms with ``mined``) on
-the seeds both finished: the mean per-seed difference with its 95% t-interval.
+the seeds both finished: the mean per-seed difference with its 95% t-interval. ``gpu/``: the
+runs of ``scripts/gpu_evidence.sh`` (full fine-tuning, whole epochs, B = 64 and 256, on a GPU;
+compared with ``default`` at the same batch size), ``gpu/timing/``: its timed steps.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from .page import md, read_runs, report_main
+from .page import md, mean, read_runs, report_main
 from .paired import effect_text, paired_effect
 
 NAME = {"default": "(a) default: sentence-transformers NO_DUPLICATES",
@@ -137,12 +140,72 @@ def timing_table(folder: Path) -> str:
                "threads", "load average"], rows) if rows else "(no pilots)"
 
 
+def _device(r: dict) -> str:
+    return r.get("env", {}).get("cuda") or r.get("config", {}).get("device", "cpu")
+
+
+def gpu_table(folder: Path, split: str = "test") -> str:
+    """The runs of scripts/gpu_evidence.sh, per (arm, batch size): seeds, epochs, the metrics
+    (x 100, mean over seeds), MRR@10 against default at the same batch size (paired, x 100),
+    steps, seconds per step (median per run), peak GPU memory, wall minutes, the device."""
+    groups: dict[tuple, dict[int, dict]] = defaultdict(dict)
+    for r in read_runs(folder, lambda r: r.get("benchmark") == "codesearch"):
+        b = None if r["arm"] == "zeroshot" else r["config"]["batch_size"]
+        groups[(r["label"], b)][r["seed"]] = r
+    if not groups:
+        return "(no GPU runs yet: `bash scripts/gpu_evidence.sh` on a CUDA machine)"
+    rows = []
+    for (label, b), rs in sorted(groups.items(), key=lambda g: (
+            g[0][1] or 0, g[0][0] not in NAME, NAME.get(g[0][0], g[0][0]))):
+        recs = list(rs.values())
+        row = [NAME.get(label, label), b or "—", ",".join(map(str, sorted(rs))),
+               "—" if b is None else f"{recs[0]['config']['epochs'] or 1:g}"
+               if not recs[0]["config"]["steps"] else f"{recs[0]['steps']} steps"]
+        for key, _ in METRICS:
+            row.append(mean([100 * v for r in recs
+                             if (v := metric_value(r, split, key)) is not None], "{:.2f}"))
+        row.append("—" if b is None or label == "default" else
+                   _effect(rs, groups.get(("default", b), {}), split, "mrr@10"))
+        row += [recs[0]["steps"], mean([r.get("seconds_per_step") for r in recs], "{:.3f}"),
+                mean([(r.get("gpu") or {}).get("peak_memory_gib") for r in recs], "{:.1f}"),
+                mean([r["time_s"]["wall"] / 60 for r in recs], "{:.1f}"),
+                " / ".join(sorted({_device(r) for r in recs}))]
+        rows.append(row)
+    return md(["arm", "B", "seeds", "epochs", *(name for _, name in METRICS),
+               "MRR@10 vs default (same B)", "steps", "s/step", "peak GPU GiB", "wall (min)",
+               "device"], rows)
+
+
+def gpu_step_table(folder: Path) -> str:
+    """The timed steps of scripts/gpu_evidence.sh (``gpu/timing/``), per device, precision,
+    batch size and arm: the median seconds of the timed steps (after the untimed warm-up), that
+    cost over default's at the same batch size, and the peak GPU memory."""
+    rows = {}
+    for r in read_runs(folder, lambda r: r.get("benchmark") == "codesearch" and "timing" in r):
+        step_s = r["trace"]["step_s"][r["timing"]["warmup_steps"]:]
+        rows[(_device(r), r["config"]["precision"], r["config"]["batch_size"], r["label"])] = \
+            (statistics.median(step_s) if step_s else None, len(step_s), r.get("gpu") or {})
+    if not rows:
+        return "(no GPU timings yet: `bash scripts/gpu_evidence.sh` on a CUDA machine)"
+    out = []
+    for (device, precision, b, label), (step, n, gpu) in sorted(rows.items()):
+        base = rows.get((device, precision, b, "default"), (None,))[0]
+        out.append([device, precision, b, NAME.get(label, label), n,
+                    "—" if step is None else f"{step:.4f}",
+                    f"{step / base:.2f}x" if step and base else "—",
+                    mean([gpu.get("peak_memory_gib")], "{:.1f}")])
+    return md(["device", "precision", "B", "arm", "timed steps", "s/step (median)",
+               "vs default", "peak GPU GiB"], out)
+
+
 def tables(results: Path) -> dict[str, str]:
     """Every table of the page, by its block key."""
     return {"timing": timing_table(results / "pilots"),
             "wave1": arm_table(results / "pilots" / "wave1", "valid"),
             "confirm": arm_table(results / "confirm", "test"),
-            "packages": package_table(results / "confirm", "test")}
+            "packages": package_table(results / "confirm", "test"),
+            "gpu": gpu_table(results / "gpu"),
+            "gpu_steps": gpu_step_table(results / "gpu" / "timing")}
 
 
 def figures(results: Path, fig_dir: Path) -> int:

@@ -186,18 +186,19 @@ def _check_made_for(sampler, saved: dict, path: str) -> int:
     dataset; the number of rows whose text changed (a minority) otherwise."""
     have = _made_for(sampler)
     diffs = [k for k in have if saved.get(k) != have[k]]
+    fix = ("; resume with the same dataset, sampler and batch size "
+           "(per_device_train_batch_size), or train afresh without resume_from_checkpoint")
+    if diffs:
+        was = ", ".join(f"{k}={saved.get(k)!r}" for k in diffs)
+        now = ", ".join(f"{k}={have[k]!r}" for k in diffs)
+        raise ValueError(f"checkpoint {path} was written with {was} but this run has {now}{fix}")
     hashes = saved.get("texts")
-    changed = None
-    if not diffs and isinstance(hashes, torch.Tensor) and hashes.shape == (have["num_items"],):
-        changed = int((hashes != _text_hashes(sampler)).sum())
-    if diffs or changed is None or 2 * changed > have["num_items"]:
-        was = ", ".join(f"{k}={saved.get(k)!r}" for k in diffs) or \
-            f"{changed if changed is not None else 'all'} of its {have['num_items']} rows' texts"
-        now = ", ".join(f"{k}={have[k]!r}" for k in diffs) or "other texts"
-        raise ValueError(f"checkpoint {path} was written for another run: {was}, but this run "
-                         f"has {now}; resume with the same dataset, sampler and batch size "
-                         "(per_device_train_batch_size), or train afresh without "
-                         "resume_from_checkpoint")
+    if not isinstance(hashes, torch.Tensor) or hashes.shape != (have["num_items"],):
+        return 0  # not this format: told by the caller
+    changed = int((hashes != _text_hashes(sampler)).sum())
+    if 2 * changed > have["num_items"]:
+        raise ValueError(f"checkpoint {path} was written for another dataset: {changed} of its "
+                         f"{have['num_items']} rows' texts differ from this run's{fix}")
     return changed
 
 
@@ -317,11 +318,14 @@ class ResumeHooks:
             why = f"{folder} holds no {RESUME_FILE} (written without hardbatch's resume support)"
         else:
             why = restore(sampler, torch.load(path, weights_only=True), folder, epoch, consumed)
-        if why is not None:
-            rest = "planned afresh from the rows not yet trained" if \
-                sampler.progress.pending else "planned from the model as it is now"
-            self._say(f"resuming from {folder}: {why}; the rest of epoch {epoch} is {rest}, "
-                      "so its batches may differ from those of the uninterrupted run")
+        if why is None:
+            _log.info("resuming from %s: the sampler continues epoch %d after %d batches as "
+                      "planned", folder, epoch, consumed)
+            return
+        rest = "planned afresh from the rows not yet trained" if \
+            sampler.progress.pending else "planned from the model as it is now"
+        self._say(f"resuming from {folder}: {why}; the rest of epoch {epoch} is {rest}, so its "
+                  "batches may differ from those of the uninterrupted run")
 
 
 def _calling_trainer(depth: int = 40):

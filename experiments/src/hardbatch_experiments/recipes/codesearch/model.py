@@ -19,8 +19,36 @@ import torch
 
 from ..simcse.data import RecordingSampler
 
-__all__ = ["TimedSampler", "column_length_collator", "encode_texts", "freeze_layers",
-           "library_versions", "mine_negatives", "no_duplicates_sampler", "training_classes"]
+__all__ = ["DEVICES", "TimedSampler", "column_length_collator", "device_record", "encode_texts",
+           "freeze_layers", "library_versions", "mine_negatives", "no_duplicates_sampler",
+           "resolve_device", "training_classes"]
+
+#: ``--device`` values: ``auto`` is the CUDA device when there is one, else the CPU.
+DEVICES = ("cpu", "auto", "cuda")
+
+
+def resolve_device(name: str) -> str:
+    """``cpu`` or ``cuda`` for ``--device NAME``: ``auto`` picks CUDA when available; ``cuda``
+    without a CUDA device is an error."""
+    if name not in DEVICES:
+        raise ValueError(f"--device {name!r}: use one of {', '.join(DEVICES)}")
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device cuda: torch {torch.__version__} sees no CUDA device; use "
+                         "--device cpu or --device auto")
+    return name
+
+
+def device_record(device: str, reset: bool = False) -> dict | None:
+    """On ``cuda``: the device's name and the peak memory allocated since the last reset (GiB);
+    ``reset=True`` starts a new peak. None on the CPU."""
+    if device != "cuda":
+        return None
+    if reset:
+        torch.cuda.reset_peak_memory_stats()
+    return {"name": torch.cuda.get_device_name(),
+            "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
 def training_classes():

@@ -38,6 +38,7 @@ from .evaluation import PROTOCOL, code_search_metrics, query_groups
 from .model import (
     TimedSampler,
     column_length_collator,
+    device_record,
     encode_texts,
     freeze_layers,
     library_versions,
@@ -45,7 +46,7 @@ from .model import (
     training_classes,
 )
 
-__all__ = ["COMMUNITY", "COMMUNITY_CONFIGS", "HARDNESS", "HARDNESS_MODES", "K", "MINED", "hardness_mode", "MODEL", "TAG_DEFAULTS", "ZERO_SHOT", "Arm", "arm_label", "evaluate_model", "parse_arms",
+__all__ = ["COMMUNITY", "COMMUNITY_CONFIGS", "HARDNESS", "HARDNESS_MODES", "K", "MINED", "hardness_mode", "MODEL", "PRECISIONS", "TAG_DEFAULTS", "ZERO_SHOT", "Arm", "arm_label", "evaluate_model", "parse_arms",
            "result_path", "run_one", "run_tag"]
 
 MODEL = "all-MiniLM-L6-v2"
@@ -60,10 +61,13 @@ ZERO_SHOT = "zeroshot"
 #: defaults) or ``authors`` (``CommunityBatchSampler.AUTHORS``: B3's authors' code).
 COMMUNITY = "community"
 COMMUNITY_CONFIGS = ("hardbatch", "authors")
-# options entering the run tag through a short hash when they differ from these values
+#: ``--precision`` values: fp32, or the trainer's bf16 mixed precision.
+PRECISIONS = ("fp32", "bf16")
+# options entering the run tag through a short hash when they differ from these values (device
+# and precision: the CPU grids' values, so their names stay what they were before the options)
 TAG_DEFAULTS = {"model": MODEL, "batch_size": 64, "lr": 2e-5, "warmup_ratio": 0.1,
                 "eval_split": "valid,test", "eval_file": None, "eval_limit": None,
-                "distractors": 999, "pool_seed": 0}
+                "distractors": 999, "pool_seed": 0, "device": "cpu", "precision": "fp32"}
 #: The cut-off of MRR@k and NDCG@k.
 K = 10
 
@@ -213,19 +217,24 @@ def evaluate_model(model, eval_sets: dict, max_length: int, batch_size: int, k: 
     return out
 
 
-def _trace_callback(trace: dict, seed: int):
+def _trace_callback(trace: dict, seed: int, sync: bool = False):
     """A ``TrainerCallback`` that reseeds at the start of training (the same dropout stream for
     every arm of a seed, whatever the sampler drew before) and records every step's wall time,
     its CPU time (all threads of the process; less sensitive to other load on the machine) and
-    the logged losses."""
+    the logged losses. ``sync``: wait for the CUDA device at every step's end, so that a step's
+    time is its own GPU work, not that of the kernels queued before it."""
     from transformers import TrainerCallback, set_seed
 
     class Trace(TrainerCallback):
         def on_train_begin(self, targs, state, control, **kw):
             set_seed(seed)
+            if sync:
+                torch.cuda.synchronize()
             trace["last"] = (time.perf_counter(), time.process_time())
 
         def on_step_end(self, targs, state, control, **kw):
+            if sync:
+                torch.cuda.synchronize()
             now = (time.perf_counter(), time.process_time())
             trace["step_s"].append(now[0] - trace["last"][0])
             trace["step_cpu_s"].append(now[1] - trace["last"][1])
@@ -267,6 +276,7 @@ def _train(args, model, train, batch_sampler, lengths: dict, trace: dict, seed: 
     """Fine-tune ``model`` with ``SentenceTransformerTrainer`` and MNRL; returns (wall seconds,
     steps, training loss)."""
     trainer_class, arguments_class, mnrl_class = classes
+    device = getattr(args, "device", "cpu")
     with tempfile.TemporaryDirectory(prefix="hb-codesearch-") as tmp:
         targs = arguments_class(
             output_dir=tmp, per_device_train_batch_size=args.batch_size,
@@ -274,12 +284,13 @@ def _train(args, model, train, batch_sampler, lengths: dict, trace: dict, seed: 
             learning_rate=args.lr, warmup_steps=args.warmup_ratio,  # < 1: a share of the steps
             lr_scheduler_type="linear",
             weight_decay=0.0, seed=seed, data_seed=seed, dataloader_drop_last=True,
-            save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True,
+            save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=device == "cpu",
+            bf16=getattr(args, "precision", "fp32") == "bf16",
             logging_steps=max(1, min(10, (args.steps or 100) // 10)), batch_sampler=batch_sampler)
         trainer = trainer_class(
             model=model, args=targs, train_dataset=train, loss=mnrl_class(model, scale=args.scale, **loss_options),
             data_collator=column_length_collator(model, lengths),
-            callbacks=[_trace_callback(trace, seed)])
+            callbacks=[_trace_callback(trace, seed, sync=device == "cuda")])
         t0 = time.perf_counter()
         result = trainer.train()
         return time.perf_counter() - t0, int(result.global_step), float(result.training_loss)
@@ -294,14 +305,18 @@ def _loss_options(arm: Arm, args) -> dict:
 
 
 def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_sets: dict,
-            command: str) -> dict:
-    """Train the arm with ``seed``, evaluate it, write ``path`` (JSON) and return the record."""
+            command: str, extra: dict | None = None) -> dict:
+    """Train the arm with ``seed``, evaluate it, write ``path`` (JSON) and return the record
+    (``extra``: more top-level fields of the record, e.g. a time budget's account). The model,
+    the mining, the encodings and the training run on ``args.device`` (default cpu)."""
     from datasets import Dataset
 
     t_start, c_start = time.perf_counter(), time.process_time()
+    device = getattr(args, "device", "cpu")
+    device_record(device, reset=True)
     torch.manual_seed(seed)
     np.random.seed(seed)
-    model = load_sentence_transformer(args.model)
+    model = load_sentence_transformer(args.model, device=device)
     eval_len = model.max_seq_length  # the model's own limit (256 for MiniLM)
     params = freeze_layers(model, args.freeze_layers)
     train = Dataset.from_dict({"anchor": train_pairs.queries, "positive": train_pairs.codes})
@@ -371,6 +386,7 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
             "max_seq_length_code": args.max_seq_length,
             "max_seq_length_query": args.max_query_length, "max_seq_length_eval": eval_len,
             "freeze_layers": args.freeze_layers, "parameters": params, "drop_last": True,
+            "device": device, "precision": getattr(args, "precision", "fp32"),
             "batch_sampler": (None if arm.sampler == ZERO_SHOT else
                               "sentence-transformers BatchSamplers.NO_DUPLICATES"
                               if arm.sampler == DEFAULT_SAMPLER else
@@ -393,12 +409,14 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
         "cpu_seconds_per_step": float(np.median(step_cpu)) if step_cpu else None,
         "refreshes": getattr(hard, "refreshes", None) if hard is not None else None,
         "time_s": timings, "wall_time_s": timings["wall"], "cpu_time_s": cpu,
+        "gpu": device_record(device),
         "time_note": "time_s: mining and the teacher's encoding (in encoding_refresh) are their "
                      "computing cost even when read from the cache (mining / teacher 'cached'); "
                      "wall: this process, charged_wall: wall with cached parts at their cost; "
                      "cpu_time_s: CPU seconds of all threads (less sensitive to other load)",
         "command": command,
         "env": {**runs.env_record(), **library_versions(), "load_average": os.getloadavg()},
+        **(extra or {}),
     }
     runs.write_json_atomic(path, record)
     return record
