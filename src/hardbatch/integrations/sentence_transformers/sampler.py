@@ -4,8 +4,8 @@
 checks of its options: which sampler (:func:`sampler_name`), which options each sampler takes
 (:func:`sampler_options`, checked with the close name for a typo: :func:`check_options`), the
 duplicate-text check run before any encoding (:func:`check_text_keys`, with errors that name the
-rows, the texts and the parameters that control them: :func:`texts_error`), and the log line of
-every structure build (:class:`LoggedBuild`).
+rows, the texts and the parameters that control them: :func:`texts_error`). Every structure
+build is timed and logged by the sampler's refresh policy (``hardbatch.samplers`` logger).
 
 sentence-transformers is never imported here (the sampler only calls ``model.encode``; its
 ``NoDuplicatesBatchSampler`` is imported when ``sampler="default"`` asks for it).
@@ -14,7 +14,6 @@ sentence-transformers is never imported here (the sampler only calls ``model.enc
 from __future__ import annotations
 
 import difflib
-import time
 from typing import Any
 
 import torch
@@ -29,9 +28,9 @@ from ...samplers.options import sampler_parameters
 from .resume import EpochProgress
 from .texts import LABEL_COLUMNS, TextEmbeddingSource, column_texts, row_conflicts
 
-__all__ = ["DEFAULT_SAMPLER", "GENERIC_OPTIONS", "HardNegativeBatchSampler", "LoggedBuild",
-           "check_options", "check_text_keys", "parameters", "sampler_name", "sampler_options",
-           "sampler_seed", "texts_error"]
+__all__ = ["DEFAULT_SAMPLER", "GENERIC_OPTIONS", "HardNegativeBatchSampler", "check_options",
+           "check_text_keys", "parameters", "sampler_name", "sampler_options", "sampler_seed",
+           "texts_error"]
 
 #: sentence-transformers' own ``NoDuplicatesBatchSampler``, accepted besides the registry's names.
 DEFAULT_SAMPLER = "default"
@@ -189,8 +188,6 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
             if from_texts and "duplicate_keys" in str(err):
                 raise texts_error(err, keys) from None
             raise
-        if hasattr(self.hard_sampler, "refresh_policy"):  # one log line per structure build
-            self.hard_sampler.build = LoggedBuild(self.hard_sampler, sampler)
 
     def __iter__(self):
         yield from self.progress.iterate(self)
@@ -349,30 +346,3 @@ def texts_error(err: ValueError, keys) -> ValueError:
         f"{err} [here the keys are the rows' texts (columns {getattr(keys, 'columns', '?')}): "
         "'items' are rows, and rows sharing a text never share a batch; choose the columns "
         "that count with duplicate_columns=[...], or turn this off with no_duplicates=False]")
-
-
-class LoggedBuild:
-    """A sampler's ``build`` (of the :class:`~hardbatch.samplers.Builder` protocol) that logs
-    one INFO line per build (what, N, seconds) on ``hardbatch.integrations.sentence_transformers``;
-    set as the sampler's own attribute (picklable, unlike a closure).
-
-    Example:
-        >>> import numpy as np
-        >>> import hardbatch as hb
-        >>> from hardbatch.integrations.sentence_transformers import LoggedBuild
-        >>> sampler = hb.KNNBatchSampler(np.eye(40, 8), 4, refresh_every=None)
-        >>> sampler.build = LoggedBuild(sampler, "knn")
-        >>> len(list(sampler)), sampler.refreshes
-        (10, 1)
-    """
-
-    def __init__(self, sampler, kind: str) -> None:
-        self.sampler, self.kind = sampler, kind
-
-    def __call__(self, x, key, group):
-        t0 = time.perf_counter()
-        out = type(self.sampler).build(self.sampler, x, key, group)
-        seconds, n = time.perf_counter() - t0, self.sampler.num_items
-        _log.info("%s build (refresh %s): N=%d, seconds=%.3f", self.kind, key, n, seconds,
-                  extra={"build": self.kind, "n": n, "seconds": seconds})
-        return out
