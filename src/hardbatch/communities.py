@@ -8,14 +8,20 @@ Arrays in, arrays out; the samplers :class:`~hardbatch.samplers.ClusterBatchSamp
   above 256 clusters in two levels (coarse cells, then clusters within each cell);
 * :func:`rank_graph`: the symmetric sparse graph of the kNN ranks ``first .. last - 1``;
 * :func:`community_labels`: B3's partition step: the graph of ranks ``skip + 1 .. skip +
-  window``, cut into ``parts`` balanced communities by METIS (``pymetis``), or, without the
-  extra, spherical k-means clusters of the embeddings (``partitioner="kmeans"``);
+  window``, cut into ``parts`` balanced communities by METIS (:mod:`hardbatch.metis_partition`),
+  in one run or one run per cell (``cells``), or, without the extra, spherical k-means
+  clusters of the embeddings (``partitioner="kmeans"``);
+* :func:`community_cells`: the cells of a local build (spherical k-means, about
+  ``CELL_BATCHES`` batches each) and :func:`cell_order`, one epoch's batches cut within them:
+  what rounding noise changes in one cell (a kNN rank swapped at a window's end, so a new METIS
+  run) then changes that cell's batches only;
 * :func:`trimmed_order`: B3's authors' batches: parts trimmed and filled to exactly B items;
 * :func:`group_order`: one epoch's partition into batches of whole groups: groups in random
   order, each batch drawing from ``groups_per_batch`` groups; a group that runs out mid-batch is
   continued by the next group of the order (the fill);
-* :func:`separate_pairs`: moves one item of every pair of a sparse graph (B3's skipped top
-  ranks) that shares a batch to another batch; :func:`pairs_in_batches` counts such pairs.
+* :func:`separate_pairs` (:mod:`hardbatch.pair_separation`): moves one item of every pair of a
+  sparse graph (B3's skipped top ranks) that shares a batch to another batch;
+  :func:`pairs_in_batches` counts such pairs.
 """
 
 from __future__ import annotations
@@ -25,22 +31,24 @@ import math
 
 import numpy as np
 import torch
-from numba import njit
 from scipy.sparse import csr_matrix
 
 from . import _rng
 from ._validation import check_choice, check_int
 from .gcbs import spherical_kmeans
+from .metis_partition import check_imbalance, metis_output_caught, metis_parts, \
+    require_metis
+from .pair_separation import pairs_in_batches, same_key_graph, separate_pairs
 
-__all__ = ["community_labels", "group_order", "groups_per_batch", "pairs_in_batches",
-           "rank_graph", "require_metis", "same_key_graph", "separate_pairs",
-           "spherical_clusters", "trimmed_order"]
+__all__ = ["cell_order", "community_cells", "community_labels", "group_order",
+           "groups_per_batch", "pairs_in_batches", "rank_graph", "require_metis",
+           "same_key_graph", "separate_pairs", "spherical_clusters", "trimmed_order"]
 
 FLAT_CLUSTERS = 256  # above: two-level k-means (coarse cells of about sqrt(k) clusters each)
 KMEANS_BACKENDS = ("auto", "faiss", "torch")
 PARTITIONERS = ("metis", "kmeans")
 EDGES = ("union", "mutual")  # ours; B3's authors' (spectral_clustering4_ibn.py)
-METIS_EXTRA = "pip install 'hardbatch[metis]'"
+CELL_BATCHES = 2  # community_cells: cells of about 2 batches (what one noisy edge moves)
 
 
 def _faiss():
@@ -174,58 +182,82 @@ def rank_graph(neighbors, first: int, last: int, mutual: bool = False) -> csr_ma
     return g
 
 
-def same_key_graph(ids) -> csr_matrix:
-    """The symmetric 0/1 graph joining the items that share a key id (``-1``: a key of its
-    own), e.g. ``DuplicateKeys.ids``, to keep them apart with :func:`separate_pairs`.
+def community_cells(embeddings, batch_size: int, *, seed: int = 0,
+                    cell_batches: int = CELL_BATCHES) -> np.ndarray:
+    """Cells of a local community build: spherical k-means (``backend="torch"``, the same with
+    or without faiss) of the unit rows in ``round(N / (cell_batches * batch_size))`` cells (at
+    least one), so about ``cell_batches`` batches each. The cells move only where the
+    embeddings move a k-means boundary; :func:`community_labels` (``cells=``) and
+    :func:`cell_order` then keep what changes in one cell inside it.
 
     Example:
-        >>> import numpy as np
-        >>> from hardbatch.communities import same_key_graph
-        >>> g = same_key_graph(np.array([0, -1, 0, 1, 1, 1]))
-        >>> g.nnz, sorted(g[3].indices.tolist())
-        (8, [4, 5])
+        >>> import torch
+        >>> from hardbatch.communities import community_cells
+        >>> noise = torch.randn(400, 8, generator=torch.Generator().manual_seed(0))
+        >>> x = torch.eye(8)[torch.arange(400) % 4] + 0.05 * noise  # 4 groups of 100
+        >>> cells = community_cells(x, 25, seed=0, cell_batches=4)  # 400 / (4 * 25) = 4 cells
+        >>> cells.shape, sorted(set(cells.tolist()))
+        ((400,), [0, 1, 2, 3])
     """
-    ids = np.asarray(ids, np.int64)
-    n, keyed = ids.shape[0], np.flatnonzero(ids >= 0)
-    member = csr_matrix((np.ones(len(keyed), np.int32), (keyed, ids[keyed])),
-                        shape=(n, int(ids.max(initial=-1)) + 1))  # item x key incidence
-    g = (member @ member.T).tocoo()
-    off = g.row != g.col
-    g = csr_matrix((np.ones(int(off.sum()), np.int8), (g.row[off], g.col[off])), shape=(n, n))
-    g.sort_indices()
-    return g
+    x = torch.nn.functional.normalize(torch.as_tensor(embeddings).float(), dim=1)
+    n = x.shape[0]
+    b = check_int(batch_size, "batch_size", low=1)
+    k = max(1, min(n, round(n / (check_int(cell_batches, "cell_batches", low=1) * b))))
+    return spherical_clusters(x, k, seed=seed, backend="torch")
 
 
-def require_metis():
-    """The ``pymetis`` module, or an ``ImportError`` naming the extra and the fallback.
-
-    Example:
-        >>> from hardbatch.communities import require_metis
-        >>> require_metis().__name__
-        'pymetis'
-    """
-    try:
-        return importlib.import_module("pymetis")
-    except ImportError:
-        raise ImportError(f"partitioner='metis' needs pymetis; {METIS_EXTRA}, or pass "
-                          "partitioner='kmeans' (spherical k-means of the embeddings, no "
-                          "extra needed)") from None
+def _per_cell(g: csr_matrix, parts: int, cells: np.ndarray, seed: int,
+              imbalance: float) -> np.ndarray:
+    """METIS in every cell: the graph's edges within it, ``parts`` shared out by cell size."""
+    n = g.shape[0]
+    counts = np.bincount(cells)
+    if parts < np.count_nonzero(counts):
+        raise ValueError(f"cells= holds {np.count_nonzero(counts)} non-empty cells but "
+                         f"parts={parts}; pass at least one part per cell")
+    share = _apportion(counts, parts)
+    members = np.argsort(cells, kind="stable")  # each cell's items in item order
+    start = np.concatenate([[0], np.cumsum(counts)])
+    local = np.empty(n, np.int64)
+    local[members] = np.arange(n) - start[cells[members]]
+    e = g.tocoo()
+    keep = cells[e.row] == cells[e.col]
+    cell, row, col = cells[e.row[keep]], local[e.row[keep]], local[e.col[keep]]
+    by = np.lexsort((col, row, cell))
+    cell, row, col = cell[by], row[by], col[by]
+    bounds = np.searchsorted(cell, np.arange(len(counts) + 1))
+    labels = np.empty(n, np.int64)
+    offset = 0
+    with metis_output_caught():  # one warning for all the cells' runs
+        for c in np.flatnonzero(counts):
+            a, z, size = bounds[c], bounds[c + 1], counts[c]
+            sub = csr_matrix((np.ones(z - a, np.int8), (row[a:z], col[a:z])),
+                             shape=(size, size))
+            labels[members[start[c]:start[c + 1]]] = offset + metis_parts(
+                sub, int(share[c]), seed=_rng.derive_seed(seed, int(c)), imbalance=imbalance)
+            offset += int(share[c])
+    return labels
 
 
 def community_labels(neighbors, parts: int, *, skip: int, window: int,
                      partitioner: str = "metis", seed: int = 0, embeddings=None,
-                     imbalance: float = 1.03, edges: str = "union") -> np.ndarray:
+                     imbalance: float = 1.03, edges: str = "union",
+                     cells=None) -> np.ndarray:
     """B3's partition step: communities of the graph of kNN ranks ``skip + 1 .. skip + window``.
 
     ``neighbors`` is an ``[N, >= skip + window]`` kNN table (rank 0 the nearest, self
     excluded), as :func:`hardbatch.knn_graph` returns. The ranks make a sparse graph
     (:func:`rank_graph`: ``edges="union"`` or B3's authors' ``"mutual"``), cut in ``parts``:
 
-    * ``"metis"`` (B3's): METIS k-way (``pymetis``; ``pip install 'hardbatch[metis]'``) with
-      the balance tolerance ``imbalance`` (METIS's ``ufactor``: no community above
-      ``imbalance * N / parts`` items, up to METIS's rounding);
+    * ``"metis"`` (B3's): METIS k-way (``pymetis``; ``pip install 'hardbatch[metis]'``;
+      :func:`hardbatch.metis_partition.metis_parts`) with the balance tolerance ``imbalance``
+      in [1, 2] (METIS's ``ufactor``: no community above ``imbalance * N / parts`` items, up to
+      METIS's rounding). One run over the whole graph, or with ``cells`` (int64 ``[N]`` cell
+      ids, e.g. :func:`community_cells`) one run per cell on the edges within it, the ``parts``
+      shared out by cell size (at least one per cell). METIS is chaotic in its graph: one edge
+      more or less (two kNN ranks swapped by rounding noise at the window's end) moves every
+      part of its run, so in cells it moves only those of its cell;
     * ``"kmeans"``: no extra needed: :func:`spherical_clusters` of ``embeddings`` (the graph is
-      not used; clusters are not balanced, the batches' fill absorbs that).
+      not used; clusters are not balanced, the batches' fill absorbs that; ``cells`` unused).
 
     Returns:
         int64 ``[N]`` community labels in ``[0, parts)``.
@@ -240,6 +272,10 @@ def community_labels(neighbors, parts: int, *, skip: int, window: int,
         >>> labels = community_labels(nbrs, 4, skip=2, window=6)
         >>> labels.shape, len(np.unique(labels)), int(np.bincount(labels).max()) <= 12
         ((40,), 4, True)
+        >>> cells = (x[:, 0] > 0).long().numpy()  # two cells, the 4 parts shared by size
+        >>> labels = community_labels(nbrs, 4, skip=2, window=6, cells=cells)
+        >>> len(set(labels.tolist())), all(len(set(cells[labels == c])) == 1 for c in range(4))
+        (4, True)
     """
     check_choice("partitioner", partitioner, PARTITIONERS)
     check_choice("edges", edges, EDGES)
@@ -254,18 +290,82 @@ def community_labels(neighbors, parts: int, *, skip: int, window: int,
         if embeddings is None:
             raise ValueError("partitioner='kmeans' clusters the embeddings; pass embeddings=")
         return spherical_clusters(embeddings, parts, seed=seed)
-    metis = require_metis()
-    if parts == 1:
-        return np.zeros(n, np.int64)
+    imbalance = check_imbalance(imbalance)
+    require_metis()
     g = rank_graph(nbrs, skip, skip + window, mutual=edges == "mutual")
-    options = metis.Options(seed=int(seed & 0x7FFFFFFF),
-                            ufactor=max(1, round((float(imbalance) - 1.0) * 1000)))
-    ptr, adj = g.indptr.astype(np.int64), g.indices.astype(np.int64)
-    if hasattr(metis, "CSRAdjacency"):  # pymetis >= 2025.2 (xadj= / adjncy= deprecated there)
-        _, labels = metis.part_graph(parts, metis.CSRAdjacency(ptr, adj), options=options)
-    else:
-        _, labels = metis.part_graph(parts, xadj=ptr, adjncy=adj, options=options)
-    return np.asarray(labels, np.int64)
+    if cells is None:
+        return metis_parts(g, parts, seed=seed, imbalance=imbalance)
+    cells = np.asarray(cells, np.int64)
+    if cells.shape != (n,) or (n and cells.min() < 0):
+        raise ValueError(f"cells must hold one cell id >= 0 per item ({n}), got shape "
+                         f"{cells.shape}")
+    return _per_cell(g, parts, cells, seed, imbalance)
+
+
+def cell_order(labels, cells, batch_size: int, groups_per_batch: int = 1, *, seed: int = 0,
+               drop: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """One epoch's order of B3's batches, each piece of a batch cut within one cell.
+
+    Each cell's items are ordered by :func:`group_order` with ``batch_size // groups_per_batch``
+    (q) for the batch size (its groups, ``labels``, in a random order, a group's whole pieces
+    first) and cut into pieces of q items; the cells' last ``n_cell mod q`` items (the
+    leftovers, following the cells in a random order) are cut into pieces in turn. A batch is
+    ``groups_per_batch`` pieces drawn at random (so groups of any cells: the pieces in the
+    order of a random key of (cell, piece index)), then ``batch_size mod groups_per_batch``
+    items of the unused pieces; their rest makes the short last batch
+    (N mod B items). ``drop`` leaves out the order's last ``drop`` items (``drop = N mod B``:
+    that batch). A cell's pieces depend on its items and labels alone, so new labels in one
+    cell (a new METIS run) change the batches holding its pieces or leftovers, not the others
+    (a cell that gains or loses a piece shifts the pieces after its key).
+
+    Returns:
+        (int64 ``[N]`` order: batch i is ``order[i * B:(i + 1) * B]`` of the first ``N -
+        drop``; int64 ``[N - drop]`` the block of each place: its piece's cell, or the number
+        of cells for the leftovers' pieces and the rest, for :func:`separate_pairs`).
+
+    Example:
+        >>> import numpy as np
+        >>> from hardbatch.communities import cell_order
+        >>> cells = np.arange(44) // 22  # two cells of 22 items: 5 pieces of 4 each, 2 left
+        >>> order, blocks = cell_order(np.arange(44) // 4, cells, 8, 2, seed=0)  # 5 batches
+        >>> sorted(order.tolist()) == list(range(44)), len(blocks), int((blocks < 2).sum())
+        (True, 44, 36)
+        >>> all(len(set(cells[order[blocks == c]])) == 1 for c in (0, 1))  # pieces in a cell
+        True
+    """
+    labels, cells = np.asarray(labels, np.int64), np.asarray(cells, np.int64)
+    n, b = labels.shape[0], check_int(batch_size, "batch_size", low=1)
+    k = check_int(groups_per_batch, "groups_per_batch", low=1, high=b)
+    q, extra, full = b // k, b % k, n // b
+    counts = np.bincount(cells, minlength=1)
+    members = np.argsort(cells, kind="stable")
+    start = np.concatenate([[0], np.cumsum(counts)])
+    pieces, owner, keys, rest = [np.empty((0, q), np.int64)], [], [], []
+
+    def add(items: np.ndarray, cell: int) -> np.ndarray:  # its whole pieces; the rest back
+        cut = len(items) // q
+        pieces.append(items[:cut * q].reshape(cut, q))
+        owner.extend([cell] * cut)
+        keys.extend(_rng.derive_seed(seed, 2, cell, j) for j in range(cut))
+        return items[cut * q:]
+
+    for c in _rng.permutation(len(counts), _rng.derive_seed(seed, 0)):
+        items = members[start[c]:start[c + 1]]
+        if len(items):
+            rest.append(add(items[group_order(labels[items], q, seed=_rng.derive_seed(
+                seed, 1, int(c)))], int(c)))
+    rest = add(np.concatenate(rest) if rest else np.empty(0, np.int64), len(counts))
+    pieces, owner = np.concatenate(pieces), np.array(owner, np.int64)
+    pick = np.argsort(np.array(keys, np.uint64), kind="stable")  # a random order, by (cell, j)
+    used, spare = pick[:full * k], pick[full * k:]
+    tail = np.concatenate([pieces[spare].ravel(), rest])  # the extras, then the last batch
+    order = np.concatenate([pieces[used].reshape(full, k * q),
+                            tail[:full * extra].reshape(full, extra)], axis=1)
+    blocks = np.concatenate([np.repeat(owner[used], q).reshape(full, k * q),
+                             np.full((full, extra), len(counts), np.int64)], axis=1)
+    order = np.concatenate([order.ravel(), tail[full * extra:]])
+    blocks = np.concatenate([blocks.ravel(), np.full(n - full * b, len(counts), np.int64)])
+    return order, blocks[:n - check_int(drop, "drop", low=0, high=n)]
 
 
 def _slot_sizes(size: int, slots: int) -> np.ndarray:
@@ -389,112 +489,3 @@ def groups_per_batch(order, labels, batch_size: int, kept: int | None = None) ->
     batch = np.arange(len(order)) // batch_size
     pairs = np.unique(batch * width + labels[order])
     return np.bincount(pairs // width, minlength=-(-len(order) // batch_size))
-
-
-@njit(cache=True)
-def _partner_in(i, batch, indptr, indices, pos_of, kept, b, skip_item):
-    for e in range(indptr[i], indptr[i + 1]):
-        j = indices[e]
-        if j != skip_item and pos_of[j] < kept and pos_of[j] // b == batch:
-            return True
-    return False
-
-
-@njit(cache=True)
-def _separate(order, kept, b, indptr, indices, near, x):
-    n = order.shape[0]
-    nb = (kept + b - 1) // b
-    pos_of = np.empty(n, np.int64)
-    for p in range(n):
-        pos_of[order[p]] = p
-    moved, forced = 0, 0
-    for p in range(kept):
-        i = order[p]
-        home = p // b
-        if not _partner_in(i, home, indptr, indices, pos_of, kept, b, -1):
-            continue
-        done = False
-        for r in range(near.shape[1] + min(nb, 64)):  # batches of its near items, then the next
-            if r < near.shape[1]:
-                q = pos_of[near[i, r]]
-                if q >= kept:
-                    continue
-                other = q // b
-            else:
-                other = (home + 1 + r - near.shape[1]) % nb
-            if other == home or _partner_in(i, other, indptr, indices, pos_of, kept, b, -1):
-                continue
-            best, best_sim = -1, -np.inf
-            for q in range(other * b, min(kept, other * b + b)):
-                u = order[q]
-                if _partner_in(u, home, indptr, indices, pos_of, kept, b, i):
-                    continue
-                sim = 0.0
-                for d in range(x.shape[1]):
-                    sim += x[u, d] * x[i, d]
-                if sim > best_sim:
-                    best, best_sim = q, sim
-            if best >= 0:
-                u = order[best]
-                order[p], order[best] = u, i
-                pos_of[u], pos_of[i] = p, best
-                moved += 1
-                done = True
-                break
-        if not done:
-            forced += 1
-    return moved, forced
-
-
-def separate_pairs(order, kept: int, batch_size: int, pairs: csr_matrix, embeddings,
-                   near=None) -> tuple[np.ndarray, int, int]:
-    """``order`` with no edge of ``pairs`` inside a batch where a swap can avoid it.
-
-    An item whose partner (an edge of the symmetric sparse graph ``pairs``, e.g. the skipped
-    top-p ranks of :func:`rank_graph`) sits in its batch swaps places with an item u of another
-    batch: the batches of its ``near`` items first (e.g. its window neighbours, where it stays
-    hard), then the following batches; u is the item of that batch most similar to it
-    (``embeddings``, unit rows) among those with no partner in its batch, and it has no partner
-    in u's batch, so a swap never creates a pair. Deterministic.
-
-    Returns:
-        (the repaired order, swaps made, items whose pair could not be separated: forced).
-
-    Example:
-        >>> import numpy as np
-        >>> from hardbatch.communities import pairs_in_batches, rank_graph, separate_pairs
-        >>> rng = np.random.default_rng(0)
-        >>> x = rng.standard_normal((40, 8)).astype(np.float32)
-        >>> x /= np.linalg.norm(x, axis=1, keepdims=True)
-        >>> nbrs = np.argsort(-(x @ x.T), axis=1)[:, 1:4]  # 3 nearest, self excluded
-        >>> pairs = rank_graph(nbrs, 0, 1)  # every item and its nearest
-        >>> order = np.argsort(nbrs[:, 0], kind="stable")  # nearest pairs close together
-        >>> fixed, swaps, forced = separate_pairs(order.copy(), 40, 8, pairs, x, nbrs)
-        >>> pairs_in_batches(fixed, 40, 8, pairs), forced, sorted(fixed) == list(range(40))
-        (0, 0, True)
-    """
-    order = np.ascontiguousarray(order, np.int64)
-    x = np.ascontiguousarray(torch.as_tensor(embeddings).detach().cpu().float().numpy())
-    near = np.zeros((len(order), 0), np.int64) if near is None else \
-        np.ascontiguousarray(near, np.int64)
-    moved, forced = _separate(order, kept, batch_size, pairs.indptr.astype(np.int64),
-                              pairs.indices.astype(np.int64), near, x)
-    return order, int(moved), int(forced)
-
-
-def pairs_in_batches(order, kept: int, batch_size: int, pairs: csr_matrix) -> int:
-    """Edges of the symmetric graph ``pairs`` whose two items share a batch of ``order``.
-
-    Example:
-        >>> import numpy as np
-        >>> from hardbatch.communities import pairs_in_batches, rank_graph
-        >>> pairs = rank_graph(np.array([[1], [0], [3], [2]]), 0, 1)  # 0-1 and 2-3
-        >>> pairs_in_batches(np.array([0, 2, 1, 3]), 4, 2, pairs)  # batches {0, 2}, {1, 3}
-        0
-    """
-    order = np.asarray(order, np.int64)
-    batch = np.full(pairs.shape[0], -1, np.int64)
-    batch[order[:kept]] = np.arange(kept) // batch_size
-    g = pairs.tocoo()
-    same = (batch[g.row] >= 0) & (batch[g.row] == batch[g.col]) & (g.row < g.col)
-    return int(same.sum())

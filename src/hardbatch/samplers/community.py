@@ -11,11 +11,13 @@ import torch
 
 from .. import _rng
 from .._device import resolve_device
-from .._validation import check_choice, check_int, check_real
-from ..communities import EDGES, PARTITIONERS, community_labels, group_order, \
-    pairs_in_batches, rank_graph, require_metis, same_key_graph, separate_pairs, trimmed_order
+from .._validation import check_choice, check_int
+from ..communities import CELL_BATCHES, EDGES, PARTITIONERS, cell_order, community_cells, \
+    community_labels, group_order, pairs_in_batches, rank_graph, require_metis, same_key_graph, \
+    separate_pairs, trimmed_order
 from ..embeddings import EmbeddingSource
 from ..graph import knn_graph
+from ..metis_partition import check_imbalance
 from .options import CommunityOptions, take_options
 from .partition_sampler import PartitionSampler, fixed_source, load_order, save_order
 from .duplicates import separate_keys
@@ -36,17 +38,36 @@ class CommunityBatchSampler(PartitionSampler):
 
     Build: the ``skip + window`` nearest neighbours of every item (:func:`hardbatch.knn_graph`,
     ``method=knn_method``); ranks ``skip + 1 .. skip + window`` (strong negatives) symmetrised
-    into a sparse graph and cut by METIS into ``ceil(N K / B')`` balanced communities
-    (:func:`hardbatch.communities.community_labels`); the top ``skip`` ranks (likely
-    positives or near-duplicates: false negatives) are left out of the graph. Each epoch
-    (:func:`hardbatch.communities.group_order`): the communities in a random order, their items
-    shuffled, cut every B items, so a batch holds about K communities (a community that runs
-    out mid-batch is continued by the next one); the batches in random order, the short last
-    one last. Then no pair of the skipped ranks shares a batch
+    into a sparse graph and cut by METIS into ``round(N K / B')`` balanced communities of about
+    B' / K items (:func:`hardbatch.communities.community_labels`) in one METIS run over the
+    whole graph (B3's; the configuration measured in docs/results/code_search.md). Opt-in,
+    :attr:`cell_batches` >= 1: one METIS run per cell instead, the items first split into
+    spherical k-means cells of about ``cell_batches`` batches
+    (:func:`hardbatch.communities.community_cells`), a cell's communities on the edges within
+    it (stable under noise, below; not yet measured in training). The top ``skip`` ranks (likely positives or near-duplicates: false negatives)
+    are left out of the graph. Each epoch (:func:`hardbatch.communities.cell_order`): in every
+    cell the communities in a random order, their items shuffled, cut into pieces of B' / K
+    (a community's whole pieces first; one that runs out mid-piece is continued by the next);
+    a batch is K pieces drawn at random, so about K communities of unrelated cells; the short
+    last batch last. Then no pair of the skipped ranks shares a batch
     (:func:`hardbatch.communities.separate_pairs`: one item of the pair swaps with the most
-    similar item of a batch holding its window neighbours, where it stays hard), except pairs
-    no swap can separate (``forced_pairs`` counts what is left; ``separated`` the swaps).
-    Every item once per epoch; deterministic given ``seed``, the epoch and the embeddings.
+    similar item of a piece of its cell in a batch holding its window neighbours, where it
+    stays hard), except pairs no swap can separate (``forced_pairs`` counts what is left;
+    ``separated`` the swaps). Every item once per epoch; deterministic given ``seed``, the
+    epoch and the embeddings.
+
+    Reproducibility across machines: METIS is chaotic in its graph (one edge more or less
+    moves every part of its run), and tiny noise in the embeddings (two machines' matrix
+    kernels differ by about 1e-6 relative) swaps two kNN ranks tied at a window's end here and
+    there, so no build is bit-stable. With ``cell_batches`` >= 1 the cells keep such a change
+    in its cell: it moves the
+    batches that hold that cell's pieces (about 2 K of them), not the plan. Measured on 20,000
+    MiniLM embeddings (B = 64; ``benchmarks/bench_plan_stability.py``): 96% of the batches stay
+    identical at 1e-6 and 93% at 1e-5 (one METIS run over the whole graph: 0% and 0%); at 1e-5
+    a k-means cell may move too, which moves more. The default ``cell_batches = 0`` (one
+    METIS run) and the authors' ``batching="trim"`` (one run, one trimming over all parts)
+    keep no batch under such noise. To get the same batches on every machine, write the plan
+    once and replay it (:func:`hardbatch.write_plan`, :class:`hardbatch.PlanBatchSampler`).
 
     B3's authors' code (github.com/raghavlite/B3, ``data_processing/spectral_clustering4_ibn.py``)
     builds it otherwise; :meth:`authors` (the settings :attr:`AUTHORS`) follows it: ``edges=
@@ -66,8 +87,8 @@ class CommunityBatchSampler(PartitionSampler):
     separates (O(N skip)). An :class:`~hardbatch.EmbeddingBank` (fed by the training loop) or a
     callable (re-encodes the whole corpus at each call) is read and rebuilt at the start of
     every epoch (``refresh_lag`` / ``background`` as for GCBS; not every t steps). A build is
-    a kNN graph of ``skip + window`` neighbours (exact: O(N^2 d); see ``knn_method``) and one
-    METIS run on about ``2 N window`` edges.
+    a kNN graph of ``skip + window`` neighbours (exact: O(N^2 d); see ``knn_method``), a
+    k-means of the cells and METIS runs on about ``2 N window`` edges in all.
 
     Args:
         embeddings: [N, d] tensor / array (fixed), an :class:`~hardbatch.EmbeddingBank`, or a
@@ -82,7 +103,8 @@ class CommunityBatchSampler(PartitionSampler):
             and blind to the graph; the skipped ranks are still kept apart).
         knn_method: the ``method`` of :func:`hardbatch.knn_graph`, passed through (None: its
             default; ``"exact"`` costs O(N^2 d), ``"faiss-ivf"`` / ``"hnsw"`` are approximate).
-        imbalance: METIS's balance tolerance (default 1.03: no community above 1.03 N / parts).
+        imbalance: METIS's balance tolerance in [1, 2] (default 1.03: no community above 1.03
+            times its cell's average; above 2 METIS leaves communities empty and prints errors).
         edges: ``"union"`` (default: i and j joined when either lists the other) or ``"mutual"``
             (when both do: B3's authors').
         batching: ``"fill"`` (default: ``round(N K / B')`` communities, a community that runs
@@ -123,6 +145,12 @@ class CommunityBatchSampler(PartitionSampler):
 
     Options = CommunityOptions
 
+    #: Items per cell of the local build, in batches (:func:`hardbatch.communities.
+    #: community_cells`; e.g. ``CELL_BATCHES`` = 2); 0 (default): one METIS run over the whole
+    #: graph, B3's and the measured one (chaotic under noise: see above). Set it on an
+    #: instance before the first epoch; it is not in the sampler's state.
+    cell_batches: int = 0
+
     def __init__(self, embeddings: EmbeddingSource, batch_size: int,
                  communities_per_batch: int = 4, *, skip: int = 3, window: int = 20,
                  partitioner: str = "metis", knn_method: str | None = None,
@@ -147,10 +175,7 @@ class CommunityBatchSampler(PartitionSampler):
         if partitioner == "metis":
             require_metis()  # ImportError now, naming the extra, not at the first epoch
         self.partitioner, self.knn_method = partitioner, knn_method
-        self.imbalance = check_real(imbalance, "imbalance", "a number >= 1 (e.g. 1.03)")
-        if self.imbalance < 1.0:
-            raise ValueError(f"imbalance={imbalance} must be >= 1 (METIS's tolerance: "
-                             "largest community / average; e.g. 1.03)")
+        self.imbalance = check_imbalance(imbalance)  # METIS's working range: [1, 2]
         check_choice("edges", edges, EDGES)
         check_choice("batching", batching, BATCHINGS)
         self.edges, self.batching = edges, batching
@@ -164,6 +189,7 @@ class CommunityBatchSampler(PartitionSampler):
         self.device = resolve_device(device)
         self.fixed = fixed_source(embeddings)
         self.groups: tuple | None = None  # (labels, skipped pairs, near items) of the last build
+        self.cells: np.ndarray | None = None  # the last build's cells (METIS and "fill" only)
         self.separated = 0  # swaps of the last built epoch
         self.forced_pairs = 0  # skipped-rank pairs sharing a batch in the last built epoch
 
@@ -176,7 +202,9 @@ class CommunityBatchSampler(PartitionSampler):
 
     def communities(self, x: torch.Tensor, epoch: int) -> tuple:
         """(community labels, skipped-rank pairs, window neighbours) of the unit rows ``x``;
-        built once for fixed embeddings."""
+        built once for fixed embeddings. With METIS and ``batching="fill"`` the communities are
+        found within cells (:func:`hardbatch.communities.community_cells`, kept in
+        :attr:`cells`); the authors' ``"trim"`` runs METIS once over the whole graph."""
         if self.fixed and self.groups is not None:
             return self.groups
         seed = _rng.derive_seed(self.seed, 0xB3) if self.fixed else \
@@ -184,9 +212,12 @@ class CommunityBatchSampler(PartitionSampler):
         method = {} if self.knn_method is None else {"method": self.knn_method}
         nbrs = knn_graph(x, self.skip + self.window, device=self.device,
                          seed=seed & 0x7FFFFFFF, **method).numpy()
+        local = self.partitioner == "metis" and self.batching == "fill" and self.cell_batches
+        self.cells = community_cells(x, self.plan_batch_size, seed=_rng.derive_seed(
+            seed, 0xCE11), cell_batches=self.cell_batches) if local else None
         labels = community_labels(nbrs, self.parts, skip=self.skip, window=self.window,
                                   partitioner=self.partitioner, seed=seed, embeddings=x,
-                                  imbalance=self.imbalance, edges=self.edges)
+                                  imbalance=self.imbalance, edges=self.edges, cells=self.cells)
         pairs = rank_graph(nbrs, 0, self.skip)
         near = np.ascontiguousarray(nbrs[:, self.skip:self.skip + NEAR_CANDIDATES])
         self.groups = (labels, pairs, near)
@@ -199,14 +230,19 @@ class CommunityBatchSampler(PartitionSampler):
         kept = self.num_items - drop
         keys, seed = self.duplicate_keys, _rng.derive_seed(self.seed, epoch, 0xB4)
         keyed = keys is not None and keys.any
+        blocks = None
         if self.batching == "trim":  # B3's authors': no separation; the drop: the order's tail
             order = trimmed_order(labels, b // self.communities_per_batch, seed=seed)
             apart = same_key_graph(keys.ids) if keyed else None
         else:
-            order = group_order(labels, b, 1, drop=drop, seed=seed)
+            if self.cells is not None:  # pieces cut within cells: noise in one moves its own
+                order, blocks = cell_order(labels, self.cells, b, self.communities_per_batch,
+                                           seed=seed, drop=drop)
+            else:
+                order = group_order(labels, b, 1, drop=drop, seed=seed)
             apart = (pairs + same_key_graph(keys.ids)).tocsr() if keyed else pairs
         if apart is not None and apart.nnz:  # copies kept apart in the same pass
-            order, self.separated, _ = separate_pairs(order, kept, b, apart, x, near)
+            order, self.separated, _ = separate_pairs(order, kept, b, apart, x, near, blocks)
         order = separate_keys(order, kept, b, keys)[:kept]
         self.forced_pairs = pairs_in_batches(order, kept, b, pairs)
         return order

@@ -1,18 +1,23 @@
 """CommunityBatchSampler (B3) and its partition step (hardbatch.communities.community_labels):
-the skipped top ranks kept apart, balanced communities, K communities per batch, teacher vs
-refreshed embeddings, the METIS extra and bad input.
+the skipped top ranks kept apart, balanced communities within cells, K communities per batch,
+changes kept in their cell, teacher vs refreshed embeddings, the METIS extra, METIS's console
+output and bad input (plans under noise: test_plan_stability.py).
 
 The sampler contract (partition, determinism, resume, ranks, global batches, checkpoints) runs
 in test_contract.py, test_checkpoints.py and test_global_batch.py (kind ``community``)."""
 
+import os
 import sys
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 import hardbatch as hb
-from hardbatch.communities import community_labels, group_order, pairs_in_batches, rank_graph
+from hardbatch.communities import cell_order, community_labels, group_order, pairs_in_batches, \
+    rank_graph, separate_pairs
+from hardbatch.metis_partition import MetisOutputWarning, metis_output_caught
 
 
 def top_pairs(x: np.ndarray, p: int) -> set:
@@ -47,14 +52,59 @@ def test_skipped_top_ranks_never_share_a_batch(emb, skip, window):
 @pytest.mark.parametrize("k", [1, 4])
 def test_communities_are_balanced_and_batches_hold_about_k(emb, k):
     sampler = hb.CommunityBatchSampler(emb, 64, k, skip=0, window=16, seed=2)  # no separation
+    sampler.cell_batches = 2  # the local build (opt-in)
     batches = list(sampler)
-    labels = sampler.groups[0]
+    labels, cells = sampler.groups[0], sampler.cells
     sizes = np.bincount(labels, minlength=sampler.parts)
     assert sampler.parts == round(1000 * k / 64) == len(sizes)
-    assert sizes.max() <= np.ceil(1.03 * 1000 / sampler.parts) + 1  # METIS's tolerance
-    per_batch = [len(set(labels[b].tolist())) for b in batches[:-1]]
-    assert np.mean(per_batch) <= k + 1.5 and max(per_batch) <= k + 2  # + the cut ends
+    assert len(np.unique(cells)) == round(1000 / (2 * 64))  # cells of about 2 batches
+    for c in np.unique(cells):  # METIS's tolerance within each cell
+        mine = np.unique(labels[cells == c])
+        assert (cells[np.isin(labels, mine)] == c).all()  # a community stays in its cell
+        assert sizes[mine].max() <= np.ceil(1.03 * (cells == c).sum() / len(mine)) + 1
+    per_batch = [len(set(labels[b].tolist())) for b in batches[:-1]]  # K pieces of B / K,
+    assert np.mean(per_batch) <= 1.5 * k + 0.5 and max(per_batch) <= 4 * k  # + the fill
     assert sampler.separated == 0
+
+
+def test_one_metis_run_without_cells(emb):
+    sampler = hb.CommunityBatchSampler(emb, 64, skip=2, window=10, seed=2)
+    assert sampler.cell_batches == 0  # the default, B3's: one METIS run over the whole graph
+    batches = list(sampler)
+    assert sampler.cells is None and sorted(i for b in batches for i in b) == list(range(1000))
+    assert len(np.unique(sampler.groups[0])) == sampler.parts == 62
+
+
+def test_new_labels_in_one_cell_change_only_its_batches():
+    rng = np.random.default_rng(0)
+    cells, labels = rng.integers(0, 8, 1000), rng.integers(0, 60, 1000)
+    order, blocks = cell_order(labels, cells, 32, 4, seed=1)
+    assert sorted(order.tolist()) == list(range(1000))
+    assert all(set(cells[order[blocks == c]].tolist()) <= {c} for c in range(8))
+    moved = labels.copy()
+    moved[cells == 3] = rng.integers(0, 60, (cells == 3).sum())  # a new METIS run in cell 3
+    other, _ = cell_order(moved, cells, 32, 4, seed=1)
+    batch = np.arange(1000) // 32
+    touched = set(batch[np.isin(order, np.flatnonzero(cells == 3))].tolist())
+    same = [i for i in range(32) if np.array_equal(order[batch == i], other[batch == i])]
+    assert set(range(32)) - touched <= set(same) and len(same) >= 32 - len(touched)
+    assert len(touched) <= (cells == 3).sum() // 8 + 2  # its pieces of 8, its leftovers
+    kept, kept_blocks = cell_order(labels, cells, 32, 4, seed=1, drop=1000 % 32)
+    assert np.array_equal(kept, order) and len(kept_blocks) == 1000 - 1000 % 32
+
+
+def test_separation_swaps_within_blocks(emb):
+    nbrs = hb.knn_graph(emb, 4).numpy()
+    pairs = rank_graph(nbrs, 0, 2)
+    order = np.argsort(nbrs[:, 0], kind="stable")  # nearest items close together
+    blocks = np.arange(1000) % 64 // 16  # four blocks of 16 places in every batch
+    fixed, swaps, forced = separate_pairs(order.copy(), 1000, 64, pairs, emb, nbrs, blocks)
+    assert swaps > 0 and forced == 0 and pairs_in_batches(fixed, 1000, 64, pairs) == 0
+    for blk in range(4):
+        assert sorted(fixed[blocks == blk]) == sorted(order[blocks == blk])
+    with pytest.raises(ValueError, match="blocks must hold a block id >= 0 for each of the "
+                                         "kept=1000 places"):
+        separate_pairs(order.copy(), 1000, 64, pairs, emb, nbrs, blocks[:10])
 
 
 def test_partition_step_alone_is_deterministic_and_uses_the_window_only():
@@ -123,7 +173,9 @@ def test_duplicate_keys_and_pairs_together(emb):
     (dict(window=0), r"window=0 must be >= 1"),
     (dict(partitioner="louvain"), r"unknown partitioner 'louvain'; use one of 'metis', "
                                   r"'kmeans'"),
-    (dict(imbalance=0.9), r"imbalance=0.9 must be >= 1"),
+    (dict(imbalance=0.9), r"imbalance=0.9 is outside METIS's working range \[1, 2\]"),
+    (dict(imbalance=100.0), r"imbalance=100.0 is outside METIS's working range \[1, 2\]: .*"
+                            r"use e.g. 1.03 \(the default\)"),
 ])
 def test_bad_input_names_the_parameter(emb, kw, match):
     with pytest.raises(ValueError, match=match):
@@ -142,3 +194,19 @@ def test_state_records_the_graph_options(emb):
     state = sampler.state_dict()
     with pytest.raises(ValueError, match="skip=2 but this sampler has skip=3"):
         hb.CommunityBatchSampler(emb, 64, skip=3, window=10).load_state_dict(state)
+
+
+def test_metis_console_output_becomes_one_warning(emb, capfd, monkeypatch):
+    monkeypatch.setattr("hardbatch.metis_partition.IMBALANCE_RANGE", (1.0, 1000.0))
+    nbrs = hb.knn_graph(emb, 23).numpy()  # far outside the range: METIS prints its errors
+    with pytest.warns(MetisOutputWarning, match=r"METIS printed \d+ line\(s\) \(caught\): "
+                                                r"\*\*\*Cannot bisect a graph with 0 vertices!"
+                                                ) as seen:
+        labels = community_labels(nbrs, 250, skip=3, window=20, imbalance=100.0)
+    assert len([w for w in seen if w.category is MetisOutputWarning]) == 1
+    assert labels.shape == (1000,) and "***" not in capfd.readouterr().out
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no METIS line: no warning; other output passes
+        with metis_output_caught():
+            os.write(1, b"the training loop's own line\n")
+    assert capfd.readouterr().out == "the training loop's own line\n"
