@@ -105,7 +105,16 @@ def grouped_topk(sims: torch.Tensor, k: int, group: int) -> tuple[torch.Tensor, 
     """The ``"grouped"`` selection of one block ``sims`` ``[R, N]`` (``k < N``): column indices
     ``[R, k]`` by decreasing value then increasing column, and a bool ``[R]`` marking the rows
     whose answer is not certain (ties at the bounds; redo them with :func:`_wide_topk`). No
-    synchronisation with the device."""
+    synchronisation with the device.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.exact_knn import grouped_topk
+        >>> sims = torch.tensor([[0.1, 0.9, 0.3, 0.8, 0.2, 0.7, 0.0, 0.5]])
+        >>> cols, redo = grouped_topk(sims, 3, group=2)
+        >>> cols.tolist(), redo.tolist()
+        ([[1, 3, 5]], [False])
+    """
     r, n = sims.shape
     gmax = _group_maxima(sims, group)
     if gmax.shape[1] <= k:  # short rows: the whole row

@@ -121,6 +121,9 @@ CALLS = {
 #: Public names with such a parameter that take a value the library resolved itself (internal
 #: plumbing between modules; the user-facing callers above check the user's value). Private
 #: modules (``hardbatch._device``: the shared checks themselves) are not swept.
+CALLS[("hardbatch.integrations.sentence_transformers.sampler.sampler_seed", "generator")] = \
+    lambda v: _module("hardbatch.integrations.sentence_transformers.sampler.sampler_seed")(None, v)
+
 INTERNAL = {
     ("hardbatch.losses.inputs.to_compute", "dtype"): "the dtype of compute_dtype()",
     ("hardbatch.losses.inputs.SaturatingCast.forward", "dtype"): "autograd Function of to_compute",
@@ -208,5 +211,5 @@ def test_loss_generator_set_as_an_attribute_is_checked():
 def test_the_reported_cases_of_the_issue():
     with pytest.raises(ValueError, match="generator must be a torch.Generator or None, got int"):
         hb.losses.sscl_loss(A, P, generator=123)
-    with pytest.raises(ValueError, match="state is missing 'epoch'"):
+    with pytest.raises(ValueError, match="state is missing 'kind', 'epoch'"):
         hb.UniformBatchSampler(10, 2).load_state_dict({})

@@ -74,7 +74,7 @@ def test_options_that_shape_the_batches_must_match(make, other, named):
 
 
 def test_missing_keys_are_named():
-    with pytest.raises(ValueError, match="state is missing 'epoch', 'step', 'generator', "
+    with pytest.raises(ValueError, match="state is missing 'kind', 'epoch', 'step', 'generator', "
                                          "'pending_plan'"):
         hb.UniformBatchSampler(10, 2).load_state_dict({})
     with pytest.raises(ValueError, match="must be the dict of a sampler's state_dict"):

@@ -223,6 +223,7 @@ def sampler_seed(seed: int | None, generator: torch.Generator | None) -> int:
         >>> sampler_seed(None, torch.Generator().manual_seed(7)), sampler_seed(3, None)
         (7, 3)
     """
+    generator = check_generator(generator)
     if seed is not None:
         return int(seed)
     return 0 if generator is None else int(generator.initial_seed())
