@@ -141,7 +141,7 @@ class GCBSSampler(PartitionSampler):
                      nlist=self.nlist, nprobe=self.nprobe, partitions=self.partitions,
                      device=self.device, precision=self.precision, **kw)
         perm = interleave_chunks(perm.numpy(), self.interleave)
-        extra = self.num_items % self.plan_batch_size if self.drop_last else 0
+        extra = self.drop_count
         if extra:  # dropped: a random choice of positions, not always the order's tail
             drop = _rng.permutation(self.num_items, _rng.derive_seed(self.seed, epoch, 3))
             keep = np.ones(self.num_items, bool)
