@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from hardbatch._device import block_elements, check_precision, matmul_fp32
-from hardbatch.exact_knn import exact_neighbors, group_size
+from hardbatch.neighbors.exact_search import exact_neighbors, group_size
 
 
 def _sync(device: torch.device) -> None:

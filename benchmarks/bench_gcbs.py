@@ -13,7 +13,7 @@ Methods: ``default`` is ``hb.gcbs_permutation(x, quantile)`` with every default 
 implementation written here: the quantile of about 20M sampled similarities (whole rows,
 products, ``torch.cat``, ``kthvalue``), then blocks of 1024 rows: ``X[s:e] @ X.T``, self
 pairs out, the pairs above the threshold, and the same reverse Cuthill-McKee
-(:func:`hardbatch.gcbs.rcm_order`); no partners.
+(:func:`hardbatch.batching.gcbs.rcm_order`); no partners.
 
 Data: ``minilm``, the shared Wikipedia sentences embedded with all-MiniLM-L6-v2 (384-d, real;
 cached after the first run; ``--dims`` other than 384 map them through a fixed random
@@ -42,7 +42,7 @@ from _common import gaussian_mixture, machine, mnist_pca64, wiki_minilm
 from bench_gcbs_tail import batch_stats
 
 import hardbatch as hb
-from hardbatch.gcbs import AUTO_CELL_ITEMS, rcm_order
+from hardbatch.batching.gcbs import AUTO_CELL_ITEMS, rcm_order
 
 
 def batch_top1(x: np.ndarray, order: np.ndarray, b: int) -> float:
@@ -99,7 +99,7 @@ def build(x: np.ndarray, quantile: float, method: str, min_partners, nprobe: int
 def run(x: np.ndarray, b: int, quantile: float, methods, nprobe: int, min_partners,
         partitions=None, repeat: int = 1) -> dict:
     out = {"n": len(x), "d": x.shape[1], "quantile": quantile, "batch_size": b,
-           "min_partners": min_partners, "auto_resolves_to": hb.gcbs.resolve_method("auto",
+           "min_partners": min_partners, "auto_resolves_to": hb.batching.gcbs.resolve_method("auto",
                                                                                    len(x))}
     out["loadavg_1min_before"] = os.getloadavg()[0]
     out["uniform_top1"] = batch_top1(x, np.random.default_rng(0).permutation(len(x)), b)

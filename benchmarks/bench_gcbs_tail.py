@@ -44,7 +44,7 @@ import torch
 from _common import machine, mnist_pca64, wiki_minilm
 
 import hardbatch as hb
-from hardbatch.gcbs import DEFAULT_MIN_PARTNERS, interleave_chunks
+from hardbatch.batching.gcbs import DEFAULT_MIN_PARTNERS, interleave_chunks
 
 B = 256
 UNIFORM_EPOCHS = 20
@@ -117,7 +117,7 @@ def run_data(name: str, x: np.ndarray, labels, skip_exact_above: int) -> dict:
     uh, ufn = uniform_reference(x, labels)
     p95 = float(np.quantile(uh, 0.95))
     res = {"n": n, "d": x.shape[1], "uniform_p95": round(p95, 4),
-           "auto_method": hb.gcbs.resolve_method("auto", n), "arms": {}}
+           "auto_method": hb.batching.gcbs.resolve_method("auto", n), "arms": {}}
     default = None
     for arm, kw in arms(n).items():
         if kw is not None and kw.get("method") == "exact" and n > skip_exact_above:

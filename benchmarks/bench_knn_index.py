@@ -45,7 +45,7 @@ import torch
 from _common import CACHE, gaussian_mixture, machine
 
 import hardbatch as hb
-from hardbatch import neighbor_index
+from hardbatch.neighbors import index_search as neighbor_index
 
 K = 100
 EF = (101, 128, 192, 256, 384, 512)
@@ -209,8 +209,8 @@ class _LastRecord(logging.Handler):
 def run_ours(case: Case, method: str, repeat: int) -> None:
     times, graph = [], None
     last = _LastRecord()
-    logging.getLogger("hardbatch.graph").addHandler(last)
-    logging.getLogger("hardbatch.graph").setLevel(logging.INFO)
+    logging.getLogger("hardbatch.neighbors").addHandler(last)
+    logging.getLogger("hardbatch.neighbors").setLevel(logging.INFO)
     for _ in range(repeat):
         t0 = time.perf_counter()
         graph = neighbor_index.index_knn_graph(case.x, K, method) if method == "auto-ivf" \
@@ -221,7 +221,7 @@ def run_ours(case: Case, method: str, repeat: int) -> None:
     rec = getattr(last, "record", None)
     tuned = {k: getattr(rec, k) for k in ("method", "breadth", "sample_recall") if
              hasattr(rec, k)}
-    logging.getLogger("hardbatch.graph").removeHandler(last)
+    logging.getLogger("hardbatch.neighbors").removeHandler(last)
     case.rec.add(data=case.name, n=case.n, d=case.d, library=f"ours:{method}",
                  params={"resolves_to": resolved, **tuned}, build_s=None, search_s=None,
                  graph_s=min(times), all_s=times, search_scaled=False,

@@ -43,9 +43,9 @@ from bench_scaling import Recorder, measure
 
 import hardbatch as hb
 from hardbatch._logging import NO_BAR
-from hardbatch.gcbs import PartitionPlan
-from hardbatch.gcbs import pairs as gcbs_pairs
-from hardbatch.graph import ProximityGraphPlan
+from hardbatch.batching.gcbs import PartitionPlan
+from hardbatch.batching.gcbs import pairs as gcbs_pairs
+from hardbatch.neighbors.knn_graph import ProximityGraphPlan
 
 
 def sgemm_limit(plan: ProximityGraphPlan, threads: int) -> None:

@@ -66,9 +66,9 @@ def child(name: str, kind: str, n: int, b: int) -> dict:
     x = data(kind, n)
     loaded = peak_rss_gb()
     parts: dict = {}
-    timed_parts(sys.modules["hardbatch.samplers.community"],
+    timed_parts(sys.modules["hardbatch.samplers.community_sampler"],
                 ("knn_graph", "community_labels", "separate_pairs"), parts)
-    timed_parts(sys.modules["hardbatch.samplers.cluster"], ("spherical_clusters",), parts)
+    timed_parts(sys.modules["hardbatch.samplers.cluster_sampler"], ("spherical_clusters",), parts)
     t0 = time.perf_counter()
     sampler = hb.registry.make_sampler(name, x, b, **options(name, n))
     batches = list(sampler)

@@ -7,7 +7,7 @@
   :data:`SKIPPED_MODULES`.
 * ``test_public_names_have_an_example``: every class and function named in ``hardbatch.__all__``
   or in the ``__all__`` of a public module or subpackage (``hardbatch.samplers``,
-  ``hardbatch.gcbs``, ``hardbatch.metrics``, ...; a package without ``__all__``, such as
+  ``hardbatch.batching.gcbs``, ``hardbatch.metrics``, ...; a package without ``__all__``, such as
   ``hardbatch.integrations``, through its public modules; a module without ``__all__`` through
   the public classes and functions it defines) has an ``Example:`` section holding ``>>>``.
 

@@ -6,9 +6,9 @@ random walks, kNN, GCBS), and the contrastive losses that exploit them.
 
 from .data import IndexedDataset, indexed_batch
 from .embeddings import EmbeddingBank
-from .gcbs import gcbs_permutation
+from .batching.gcbs import gcbs_permutation
 from .gradcache import GradCache
-from .graph import knn_graph, proximity_graph
+from .neighbors.knn_graph import knn_graph, proximity_graph
 from .losses import (
     DebiasedInfoNCE,
     HardNegativeInfoNCE,
@@ -31,9 +31,9 @@ from .samplers import (
     SingleSourceBatchSampler,
     UniformBatchSampler,
 )
-from .samplers.duplicates import near_duplicate_keys
+from .keys.duplicates import near_duplicate_keys
 from .schedules import EpochStepDecay, LinearDecay
-from .walks import walk_batches
+from .batching.walks import walk_batches
 from . import registry  # noqa: F401  (names and factories: hb.registry.make_sampler)
 
 __version__ = "0.1.0"

@@ -1,9 +1,9 @@
 """Logging and progress bars of the library's builds (graphs, kNN tables, GCBS orders).
 
-Public names of a private module, shared by :mod:`hardbatch.graph` and :mod:`hardbatch.gcbs`.
+Public names of a private module, shared by :mod:`hardbatch.neighbors.knn_graph` and :mod:`hardbatch.batching.gcbs`.
 
-Logging: every module logs under the ``"hardbatch"`` logger (``hardbatch.graph``,
-``hardbatch.gcbs``, ...), which carries a ``NullHandler``: nothing is printed unless the
+Logging: every module logs under the ``"hardbatch"`` logger (``hardbatch.neighbors.knn_graph``,
+``hardbatch.batching.gcbs``, ...), which carries a ``NullHandler``: nothing is printed unless the
 application configures logging, e.g. ``logging.basicConfig(level=logging.INFO)``. Each build
 writes one INFO record (:class:`BuildLog`) whose message and attributes give ``build``, ``n``,
 ``d``, ``method``, ``seconds`` and ``peak_extra_bytes`` (plus build-specific fields).

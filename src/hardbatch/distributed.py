@@ -49,9 +49,9 @@ import torch.distributed as dist
 
 from ._device import Precision, shard_range
 from ._validation import check_int
-from .gcbs import (PairSearchPlan, PartitionPlan, gcbs_setup, interleave_chunks, rcm_order,
+from .batching.gcbs import (PairSearchPlan, PartitionPlan, gcbs_setup, interleave_chunks, rcm_order,
                    resolve_build)
-from .graph import KNNGraphPlan, ProximityGraphPlan
+from .neighbors.knn_graph import KNNGraphPlan, ProximityGraphPlan
 
 __all__ = ["all_gather_ints", "all_gather_rows", "all_gather_rows_with_grad", "gcbs_permutation",
            "get_rank_world", "is_distributed", "knn_graph", "proximity_graph",

@@ -32,7 +32,7 @@ import numpy as np
 
 from ._inspect_report import LEGEND, fmt, jsonable, legend_of, markdown_table, reading_notes
 from .cli_types import open_probability, positive_int, probability, temperature
-from .graph import check_graph_sizes
+from .neighbors.knn_graph import check_graph_sizes
 from .metrics.files import load_reference, read_embeddings_file, read_labels_file
 from .registry import make_sampler, parse_names, sampler_names
 

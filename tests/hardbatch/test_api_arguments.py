@@ -47,33 +47,33 @@ def _module(path):
 
 #: (public callable, parameter) -> a call passing the bad value to that parameter.
 CALLS = {
-    ("hardbatch.graph.knn_graph", "device"): lambda v: hb.knn_graph(X, 4, device=v),
-    ("hardbatch.graph.KNNGraphPlan", "device"): lambda v: _module(
-        "hardbatch.graph.KNNGraphPlan")(X, 4, "exact", v, "fp32", None, 8, 0),
-    ("hardbatch.gcbs.gcbs_permutation", "device"): lambda v: hb.gcbs_permutation(X, 0.9,
+    ("hardbatch.neighbors.knn_graph.knn_graph", "device"): lambda v: hb.knn_graph(X, 4, device=v),
+    ("hardbatch.neighbors.knn_graph.KNNGraphPlan", "device"): lambda v: _module(
+        "hardbatch.neighbors.knn_graph.KNNGraphPlan")(X, 4, "exact", v, "fp32", None, 8, 0),
+    ("hardbatch.batching.gcbs.gcbs_permutation", "device"): lambda v: hb.gcbs_permutation(X, 0.9,
                                                                                  device=v),
-    ("hardbatch.gcbs.gcbs_setup", "device"): lambda v: _module("hardbatch.gcbs.gcbs_setup")(
+    ("hardbatch.batching.gcbs.gcbs_setup", "device"): lambda v: _module("hardbatch.batching.gcbs.gcbs_setup")(
         X, None, 0.9, "exact", 0, None, 8, v, "fp32"),
-    ("hardbatch.gcbs.pairs.thresholded_pairs", "device"): lambda v: _module(
-        "hardbatch.gcbs.pairs.thresholded_pairs")(X, X, 0.5, device=v),
-    ("hardbatch.gcbs.pairs.PairSearchPlan", "device"): lambda v: _module(
-        "hardbatch.gcbs.pairs.PairSearchPlan")(X, X, 0.5, "exact", nlist=None, nprobe=8, seed=0,
+    ("hardbatch.batching.gcbs.pairs.thresholded_pairs", "device"): lambda v: _module(
+        "hardbatch.batching.gcbs.pairs.thresholded_pairs")(X, X, 0.5, device=v),
+    ("hardbatch.batching.gcbs.pairs.PairSearchPlan", "device"): lambda v: _module(
+        "hardbatch.batching.gcbs.pairs.PairSearchPlan")(X, X, 0.5, "exact", nlist=None, nprobe=8, seed=0,
                                               device=v, precision="fp32"),
-    ("hardbatch.gcbs.order.PartitionPlan", "device"): lambda v: _module(
-        "hardbatch.gcbs.order.PartitionPlan")(X, X, 0.5, 2, 0, v, "fp32"),
-    ("hardbatch.gcbs.threshold.similarity_threshold", "device"): lambda v: _module(
-        "hardbatch.gcbs.threshold.similarity_threshold")(X, X, 0.9, device=v),
+    ("hardbatch.batching.gcbs.order.PartitionPlan", "device"): lambda v: _module(
+        "hardbatch.batching.gcbs.order.PartitionPlan")(X, X, 0.5, 2, 0, v, "fp32"),
+    ("hardbatch.batching.gcbs.threshold.similarity_threshold", "device"): lambda v: _module(
+        "hardbatch.batching.gcbs.threshold.similarity_threshold")(X, X, 0.9, device=v),
     ("hardbatch.distributed.proximity_graph", "device"): lambda v: _module(
         "hardbatch.distributed.proximity_graph")(X, 10, 4, device=v),
     ("hardbatch.distributed.knn_graph", "device"): lambda v: _module(
         "hardbatch.distributed.knn_graph")(X, 4, device=v),
     ("hardbatch.distributed.gcbs_permutation", "device"): lambda v: _module(
         "hardbatch.distributed.gcbs_permutation")(X, 0.9, device=v),
-    ("hardbatch.samplers.duplicates.near_duplicate_keys", "device"): lambda v: hb.
+    ("hardbatch.keys.duplicates.near_duplicate_keys", "device"): lambda v: hb.
     near_duplicate_keys(X, 0.9, device=v),
-    ("hardbatch.samplers.proximity.ProximityGraphSampler", "device"): lambda v: hb.
+    ("hardbatch.samplers.proximity_sampler.ProximityGraphSampler", "device"): lambda v: hb.
     ProximityGraphSampler(X, 4, 10, 4, device=v),
-    ("hardbatch.samplers.knn.KNNBatchSampler", "device"): lambda v: hb.KNNBatchSampler(
+    ("hardbatch.samplers.knn_sampler.KNNBatchSampler", "device"): lambda v: hb.KNNBatchSampler(
         X, 4, device=v),
     ("hardbatch.samplers.gcbs_sampler.GCBSSampler", "device"): lambda v: hb.GCBSSampler(
         X, 4, device=v),
@@ -105,16 +105,16 @@ CALLS = {
         "hardbatch.integrations.pyg.embedding_source")(NET, [], device=v),
     ("hardbatch.integrations.sentence_transformers.sampler.HardNegativeBatchSampler",
      "generator"): _st_sampler,
-    ("hardbatch.proximity.proximity_graph", "device"): lambda v: _module(
-        "hardbatch.proximity.proximity_graph")(X, 10, 4, device=v),
-    ("hardbatch.proximity.ProximityGraphPlan", "device"): lambda v: _module(
-        "hardbatch.proximity.ProximityGraphPlan")(X, 10, 4, 0, None, v, "fp32"),
-    ("hardbatch.samplers.cluster.ClusterBatchSampler", "device"): lambda v: _module(
-        "hardbatch.samplers.cluster.ClusterBatchSampler")(X, 4, device=v),
-    ("hardbatch.samplers.community.CommunityBatchSampler", "device"): lambda v: _module(
-        "hardbatch.samplers.community.CommunityBatchSampler")(X, 4, device=v),
-    ("hardbatch.samplers.single_source.SingleSourceBatchSampler", "generator"): lambda v: _module(
-        "hardbatch.samplers.single_source.SingleSourceBatchSampler")(sources=[40, 20],
+    ("hardbatch.neighbors.proximity_graph.proximity_graph", "device"): lambda v: _module(
+        "hardbatch.neighbors.proximity_graph.proximity_graph")(X, 10, 4, device=v),
+    ("hardbatch.neighbors.proximity_graph.ProximityGraphPlan", "device"): lambda v: _module(
+        "hardbatch.neighbors.proximity_graph.ProximityGraphPlan")(X, 10, 4, 0, None, v, "fp32"),
+    ("hardbatch.samplers.cluster_sampler.ClusterBatchSampler", "device"): lambda v: _module(
+        "hardbatch.samplers.cluster_sampler.ClusterBatchSampler")(X, 4, device=v),
+    ("hardbatch.samplers.community_sampler.CommunityBatchSampler", "device"): lambda v: _module(
+        "hardbatch.samplers.community_sampler.CommunityBatchSampler")(X, 4, device=v),
+    ("hardbatch.samplers.single_source_sampler.SingleSourceBatchSampler", "generator"): lambda v: _module(
+        "hardbatch.samplers.single_source_sampler.SingleSourceBatchSampler")(sources=[40, 20],
                                                                      batch_size=8, generator=v),
 }
 
@@ -129,8 +129,8 @@ INTERNAL = {
     ("hardbatch.losses.inputs.SaturatingCast.forward", "dtype"): "autograd Function of to_compute",
     ("hardbatch.losses.inputs.excluded_items", "device"): "the device of the loss's inputs",
     ("hardbatch.train.guide.check_guide", "device"): "the Trainer's resolved device",
-    ("hardbatch.neighbor_index.resolve_knn_method", "device"): "knn_graph's resolved device",
-    ("hardbatch.neighbor_index.sampler_index_kind", "device"): "KNNBatchSampler's resolved "
+    ("hardbatch.neighbors.index_search.resolve_knn_method", "device"): "knn_graph's resolved device",
+    ("hardbatch.neighbors.index_search.sampler_index_kind", "device"): "KNNBatchSampler's resolved "
                                                                "device",
     ("hardbatch.train.step_batch.loader_batches", "generator"): "the Trainer's own generator",
     ("hardbatch.train.step_batch.skip_on_every_rank", "device"): "the Trainer's resolved device",

@@ -12,9 +12,9 @@ import hardbatch as hb
 from hardbatch import _logging
 
 BUILDS = {
-    "gcbs_permutation": ("hardbatch.gcbs", lambda x, **kw: hb.gcbs_permutation(x, 0.99, **kw)),
-    "knn_graph": ("hardbatch.graph", lambda x, **kw: hb.knn_graph(x, 5, **kw)),
-    "proximity_graph": ("hardbatch.graph", lambda x, **kw: hb.proximity_graph(x, 50, 5, **kw)),
+    "gcbs_permutation": ("hardbatch.batching.gcbs", lambda x, **kw: hb.gcbs_permutation(x, 0.99, **kw)),
+    "knn_graph": ("hardbatch.neighbors", lambda x, **kw: hb.knn_graph(x, 5, **kw)),
+    "proximity_graph": ("hardbatch.neighbors", lambda x, **kw: hb.proximity_graph(x, 50, 5, **kw)),
 }
 
 
@@ -40,9 +40,9 @@ def test_each_build_logs_n_d_method_seconds_memory(rng, caplog, build):
 
 
 def test_gcbs_record_names_resolved_method_and_partners(rng, caplog, monkeypatch):
-    monkeypatch.setattr(hb.gcbs.pairs, "AUTO_EXACT_MAX_ITEMS", 100)
+    monkeypatch.setattr(hb.batching.gcbs.pairs, "AUTO_EXACT_MAX_ITEMS", 100)
     x = unit_rows(rng, 300, 6)
-    with caplog.at_level(logging.INFO, logger="hardbatch.gcbs"):
+    with caplog.at_level(logging.INFO, logger="hardbatch.batching.gcbs"):
         hb.gcbs_permutation(x, 0.99, min_partners=3)
     (rec,) = caplog.records
     assert rec.method == "ivf" and rec.min_partners == 3 and rec.quantile == 0.99
@@ -69,9 +69,9 @@ def test_progress_false_prints_nothing_and_true_shows_a_bar(rng, capfd, monkeypa
     pytest.importorskip("tqdm")
     monkeypatch.setattr(_logging, "PROGRESS_DELAY_S", 0.0)
     # small blocks, so that these small builds have several
-    monkeypatch.setattr(hb.graph, "block_elements", lambda device: 20_000)
-    monkeypatch.setattr(hb.proximity, "block_elements", lambda device: 20_000)
-    monkeypatch.setattr(hb.gcbs.pairs, "block_elements", lambda device: 5_000)
+    monkeypatch.setattr(hb.neighbors.knn_graph, "block_elements", lambda device: 20_000)
+    monkeypatch.setattr(hb.neighbors.proximity_graph, "block_elements", lambda device: 20_000)
+    monkeypatch.setattr(hb.batching.gcbs.pairs, "block_elements", lambda device: 5_000)
     x = unit_rows(rng, 1200, 6)
     fn = BUILDS[build][1]
     fn(x, progress=False)
@@ -83,7 +83,7 @@ def test_progress_false_prints_nothing_and_true_shows_a_bar(rng, capfd, monkeypa
 
 def test_progress_default_is_silent_off_a_terminal(rng, capfd, monkeypatch):
     monkeypatch.setattr(_logging, "PROGRESS_DELAY_S", 0.0)
-    monkeypatch.setattr(hb.gcbs.pairs, "block_elements", lambda device: 5_000)
+    monkeypatch.setattr(hb.batching.gcbs.pairs, "block_elements", lambda device: 5_000)
     assert not _logging.show_progress(None)  # pytest captures stderr: not a terminal
     hb.gcbs_permutation(unit_rows(rng, 1200, 6), 0.99)
     assert capfd.readouterr() == ("", "")
@@ -125,9 +125,9 @@ def test_logger_hierarchy():
 def test_samplers_pass_progress_to_their_builds(rng, capfd, monkeypatch, make):
     pytest.importorskip("tqdm")
     monkeypatch.setattr(_logging, "PROGRESS_DELAY_S", 0.0)
-    monkeypatch.setattr(hb.graph, "block_elements", lambda device: 20_000)
-    monkeypatch.setattr(hb.proximity, "block_elements", lambda device: 20_000)
-    monkeypatch.setattr(hb.gcbs.pairs, "block_elements", lambda device: 5_000)
+    monkeypatch.setattr(hb.neighbors.knn_graph, "block_elements", lambda device: 20_000)
+    monkeypatch.setattr(hb.neighbors.proximity_graph, "block_elements", lambda device: 20_000)
+    monkeypatch.setattr(hb.batching.gcbs.pairs, "block_elements", lambda device: 5_000)
     next(iter(make(unit_rows(rng, 1200, 6))))
     out, err = capfd.readouterr()
     assert out == "" and "block/s" in err

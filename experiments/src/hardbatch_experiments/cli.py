@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 
 from hardbatch.cli_types import positive_float, positive_int, probability, temperature
-from hardbatch.graph import check_graph_sizes
+from hardbatch.neighbors.knn_graph import check_graph_sizes
 from hardbatch.registry import canonical_loss, loss_names, parse_names, sampler_names
 
 from .demo import DemoConfig, run_demo, split_digits

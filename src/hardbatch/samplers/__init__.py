@@ -30,16 +30,16 @@ Inheritance: ``torch.utils.data.Sampler`` > ``PlanSampler`` > ``UniformBatchSamp
 """
 
 from .base import PlanSampler
-from .cluster import ClusterBatchSampler
-from .community import CommunityBatchSampler
+from .cluster_sampler import ClusterBatchSampler
+from .community_sampler import CommunityBatchSampler
 from .embedding_sampler import EmbeddingSampler
 from .gcbs_sampler import GCBSSampler
-from .knn import KNNBatchSampler
+from .knn_sampler import KNNBatchSampler
 from .partition_sampler import PartitionSampler
-from .proximity import ProximityGraphSampler
+from .proximity_sampler import ProximityGraphSampler
 from .refresh import Builder
-from .single_source import SingleSourceBatchSampler
-from .uniform import UniformBatchSampler
+from .single_source_sampler import SingleSourceBatchSampler
+from .uniform_sampler import UniformBatchSampler
 from .walk_sampler import WalkSampler
 
 __all__ = ["Builder", "ClusterBatchSampler", "CommunityBatchSampler", "EmbeddingSampler",

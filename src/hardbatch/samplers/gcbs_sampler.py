@@ -13,9 +13,9 @@ from .._device import check_precision, resolve_device
 from .._logging import show_progress
 from .._validation import check_int, check_real
 from ..embeddings import EmbeddingSource, source_num_items
-from ..gcbs import check_min_partners, check_search_args, default_interleave, gcbs_permutation, \
+from ..batching.gcbs import check_min_partners, check_search_args, default_interleave, gcbs_permutation, \
     interleave_chunks, resolve_method
-from .duplicates import separate_keys
+from ..keys.duplicates import separate_keys
 from .options import GCBSOptions, take_options
 from .partition_sampler import PartitionSampler
 
@@ -46,9 +46,9 @@ class GCBSSampler(PartitionSampler):
         min_partners: each item also keeps its ``min_partners`` strongest pairs (see
             :func:`hardbatch.gcbs_permutation` and docs/gcbs.md: k >= 1 removes the random
             tail). Default None: ``min(16, N - 1)``; 0 is the paper's graph.
-        interleave: chunk length c of :func:`hardbatch.gcbs.interleave_chunks`: a batch holds
+        interleave: chunk length c of :func:`hardbatch.batching.gcbs.interleave_chunks`: a batch holds
             about B / c chunks of the order from different regions, so no batch is a head of
-            near-duplicates. Default None: :func:`hardbatch.gcbs.default_interleave` of the
+            near-duplicates. Default None: :func:`hardbatch.batching.gcbs.default_interleave` of the
             plan's batch size (B / 8, at least 8; 0 below B = 16); 0 cuts batches straight
             from the GCBS order (the paper's). ``min_partners=0, method="exact",
             interleave=0`` is the paper's sampler.
@@ -66,7 +66,7 @@ class GCBSSampler(PartitionSampler):
             one slice of ``world_size * batch_size`` items per step; ``duplicate_keys``: a
             clashing item swaps places with an item of the nearest batch (in the order) that
             lacks its key; ``progress``: a bar over each order build's blocks once a build runs
-            past 2 s (every build logs one INFO record on the ``hardbatch.gcbs`` logger).
+            past 2 s (every build logs one INFO record on the ``hardbatch.batching.gcbs`` logger).
 
     Example:
         >>> import numpy as np

@@ -3,7 +3,7 @@
 :class:`WalkSampler` is the base of the proximity-graph and kNN samplers: the structure (a
 graph, an embedding snapshot) is rebuilt every ``refresh_every`` steps, counted over the whole
 run, and each batch grows from a start node / anchor of a per-epoch
-:class:`~hardbatch.walks.WalkState`, which starts from items not yet seen this epoch
+:class:`~hardbatch.batching.walks.WalkState`, which starts from items not yet seen this epoch
 (``coverage``); the start node is the batch's first item.
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 from .. import _rng
 from .._validation import check_int
 from ..embeddings import EmbeddingSource
-from ..walks import WalkState
+from ..batching.walks import WalkState
 from .embedding_sampler import EmbeddingSampler
 
 

@@ -55,7 +55,7 @@ from hardbatch.cli_types import (
     probability,
     temperature,
 )
-from hardbatch.graph import check_graph_sizes
+from hardbatch.neighbors.knn_graph import check_graph_sizes
 from hardbatch.registry import parse_names
 
 from .. import runs

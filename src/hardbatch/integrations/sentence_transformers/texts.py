@@ -19,8 +19,8 @@ import torch
 from ... import distributed as hbdist
 from ..._device import shard_range
 from ..._logging import get_logger, progress_bar
-from ...samplers.conflicts import factorize_columns
-from ...samplers.duplicates import DuplicateKeys, encode_keys
+from ...keys.conflicts import factorize_columns
+from ...keys.duplicates import DuplicateKeys, encode_keys
 
 __all__ = ["LABEL_COLUMNS", "TextEmbeddingSource", "column_texts", "row_conflicts",
            "text_columns"]

@@ -22,7 +22,7 @@ pytest.importorskip("accelerate")
 from hardbatch.integrations.sentence_transformers import (  # noqa: E402
     hard_negative_batch_sampler,
 )
-from hardbatch.samplers.single_source import single_source_batch_sampler  # noqa: E402
+from hardbatch.samplers.single_source_sampler import single_source_batch_sampler  # noqa: E402
 
 try:  # sentence-transformers >= 6
     from sentence_transformers.sentence_transformer import losses

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from hardbatch import EpochStepDecay, LinearDecay, ProximityGraphSampler
-from hardbatch.walks import check_restart
+from hardbatch.batching.walks import check_restart
 
 __all__ = ["ALPHA_SCHEDULES", "EPOCH_MODES", "SAMPLER_SPACES", "CoverageProximitySampler",
            "centred", "check_options", "encode_space", "epoch_coverage",

@@ -1,0 +1,134 @@
+"""Topic-aware sampling (TAS-B): batches drawn from few spherical k-means clusters."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from .. import _rng
+from .._device import resolve_device
+from .._validation import check_choice, check_int
+from ..batching.communities import KMEANS_BACKENDS, group_order, groups_per_batch, spherical_clusters
+from ..embeddings import EmbeddingSource
+from ..keys.duplicates import separate_keys
+from .options import ClusterOptions, take_options
+from .partition_sampler import PartitionSampler, fixed_source, load_order, save_order
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["ClusterBatchSampler"]
+
+
+class ClusterBatchSampler(PartitionSampler):
+    """TAS-B (Hofstätter et al., SIGIR 2021): each batch drawn from ``clusters_per_batch``
+    spherical k-means clusters of the embeddings; an epoch is a partition of the items.
+
+    Build (:func:`hardbatch.batching.communities.spherical_clusters`): spherical k-means with
+    ``clusters`` centroids (faiss ``Kmeans(spherical=True)`` when installed, else
+    :func:`hardbatch.batching.gcbs.spherical_kmeans`; two levels above 256 clusters). Each epoch
+    (:func:`hardbatch.batching.communities.group_order`): the clusters in a random order, their items
+    shuffled, split into c = ``clusters_per_batch`` lanes; slot j of a batch (B / c items) comes
+    from lane j, whole slots of a cluster first. A cluster that runs out mid-batch is continued
+    by the next cluster of its lane (the fill): only the batches cut from the clusters'
+    leftovers hold more than c clusters, at most one extra per cluster end (``fill_batches``
+    counts them; with the default ``clusters`` = N / B and uneven k-means clusters that is
+    about half the batches, with fewer, larger clusters few). The full batches are visited in
+    random order, the short last one (N mod B items) last. Every item once per epoch;
+    deterministic given ``seed``, the epoch and the embeddings.
+
+    Refresh and cost: fixed embeddings (an array or tensor, e.g. computed once by a teacher
+    model) are clustered once, at the first epoch; each epoch then only re-shuffles (O(N)). An
+    :class:`~hardbatch.EmbeddingBank` (fed by the training loop, no extra encoding) or a
+    callable (re-encodes the whole corpus at each call) is read and re-clustered at the start
+    of every epoch (``refresh_lag`` / ``background`` as for GCBS; not every t steps). One
+    clustering of N rows in d dims costs about ``iters * d * N * sqrt(clusters)`` (two levels)
+    multiply-adds plus an ``N x clusters`` assignment for up to 256 clusters.
+
+    Args:
+        embeddings: [N, d] tensor / array (fixed), an :class:`~hardbatch.EmbeddingBank`, or a
+            callable returning one (cosine: rows are L2-normalised).
+        batch_size: B.
+        clusters: k (default None: ``ceil(N / B')``, B' the plan's batch size; the value used
+            is ``num_clusters``); at most N.
+        clusters_per_batch: c, clusters a batch draws from (default 1); at most B'.
+        iters: k-means iterations (default 10).
+        kmeans: ``"auto"`` (faiss when installed), ``"faiss"`` or ``"torch"``.
+        **options: the shared options (:mod:`hardbatch.samplers.options`) but ``prefetch``,
+            ``normalize`` (rows are always L2-normalised), ``distributed``, ``process_group``,
+            ``precision`` and ``progress``. Here: ``device`` is where the torch k-means runs
+            (default: the source's device); ``refresh_lag`` / ``background`` read the source
+            ``refresh_lag`` steps before an epoch ends and cluster for the next epoch (in a
+            worker thread with ``background``), as for GCBS; ``drop_last`` leaves out N mod B
+            items (a random choice per epoch) so every batch is full; ``duplicate_keys``: a
+            clashing item swaps with the nearest batch lacking its key, as for GCBS (this may
+            add a cluster to a batch).
+
+    Example:
+        >>> import numpy as np
+        >>> import hardbatch as hb
+        >>> x = np.random.default_rng(0).standard_normal((40, 8)).astype(np.float32)
+        >>> sampler = hb.ClusterBatchSampler(x, 8, kmeans="torch")
+        >>> batches = list(sampler)
+        >>> [len(b) for b in batches], sorted(i for b in batches for i in b) == list(range(40))
+        ([8, 8, 8, 8, 8], True)
+        >>> sampler.num_clusters, sampler.fill_batches <= sampler.num_clusters
+        (5, True)
+    """
+
+    _settings = PartitionSampler._settings + ("clusters", "clusters_per_batch", "iters",
+                                              "kmeans")
+    Options = ClusterOptions
+
+    def __init__(self, embeddings: EmbeddingSource, batch_size: int,
+                 clusters: int | None = None, *, clusters_per_batch: int = 1, iters: int = 10,
+                 kmeans: str = "auto", **options: Unpack[ClusterOptions]) -> None:
+        shared = take_options(type(self), options, normalize=True, distributed=False)
+        device = shared.pop("device")
+        super().__init__(embeddings, batch_size, **shared)
+        n, b = self.num_items, self.plan_batch_size
+        self.clusters_per_batch = self.check_per_batch(clusters_per_batch, "clusters_per_batch")
+        self.clusters = None if clusters is None else check_int(clusters, "clusters", low=1)
+        self.num_clusters = -(-n // b) if clusters is None else self.clusters  # k
+        if self.num_clusters > n:
+            raise ValueError(f"clusters={clusters} must be at most the N={n} items; use "
+                             f"clusters <= {n} or None (default ceil(N / B) = {-(-n // b)})")
+        check_choice("kmeans", kmeans, KMEANS_BACKENDS)
+        self.kmeans, self.iters = kmeans, check_int(iters, "iters", low=1)
+        self.device = None if device is None else resolve_device(device)
+        self.fixed = fixed_source(embeddings)
+        self.labels: np.ndarray | None = None  # the clusters of the last build
+        self.fill_batches = 0  # batches of the last built epoch holding more than c clusters
+
+    def cluster(self, x: torch.Tensor, epoch: int) -> np.ndarray:
+        """Cluster labels of the rows ``x``; fixed embeddings are clustered once."""
+        if self.fixed and self.labels is not None:
+            return self.labels
+        if self.device is not None:
+            x = x.to(self.device)
+        seed = _rng.derive_seed(self.seed, 0xC1) if self.fixed else \
+            _rng.derive_seed(self.seed, epoch, 0xC1)
+        self.labels = spherical_clusters(x, self.num_clusters, seed=seed, iters=self.iters,
+                                         backend=self.kmeans)
+        return self.labels
+
+    def build(self, x: torch.Tensor, epoch: int, group) -> np.ndarray:
+        """Epoch ``epoch``'s item order (batch i: slice i), from the unit rows ``x``."""
+        labels = self.cluster(x, epoch)
+        b, drop = self.plan_batch_size, self.drop_count
+        order = group_order(labels, b, self.clusters_per_batch, drop=drop,
+                            seed=_rng.derive_seed(self.seed, epoch, 0xC2))
+        kept = self.num_items - drop
+        order = separate_keys(order, kept, b, self.duplicate_keys)[:kept]
+        self.fill_batches = int((groups_per_batch(order, labels, b) >
+                                 self.clusters_per_batch).sum())
+        return order
+
+    def draw(self, order: np.ndarray, index: int, seed: int, start: int | None) -> np.ndarray:
+        """Plan batch ``index``: slice ``index`` of the epoch's order."""
+        return self.slice_batch(order, index)
+
+    save_structure = staticmethod(save_order)
+    load_structure = staticmethod(load_order)

@@ -1,0 +1,255 @@
+"""B3 (Thirukovalluru et al., NeurIPS 2025): batches of K communities of a kNN rank graph."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from types import MappingProxyType
+
+import numpy as np
+import torch
+
+from .. import _rng
+from .._device import resolve_device
+from .._validation import check_choice, check_int
+from ..batching.communities import CELL_BATCHES, EDGES, PARTITIONERS, cell_order, community_cells, \
+    community_labels, group_order, pairs_in_batches, rank_graph, require_metis, same_key_graph, \
+    separate_pairs, trimmed_order
+from ..embeddings import EmbeddingSource
+from ..neighbors.knn_graph import knn_graph
+from ..batching.metis_partition import check_imbalance
+from .options import CommunityOptions, take_options
+from .partition_sampler import PartitionSampler, fixed_source, load_order, save_order
+from ..keys.duplicates import separate_keys
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["CommunityBatchSampler"]
+
+NEAR_CANDIDATES = 16  # window neighbours whose batches a separated item tries first
+BATCHINGS = ("fill", "trim")  # ours; B3's authors'
+
+
+class CommunityBatchSampler(PartitionSampler):
+    """B3, "Breaking the Batch Barrier" (Thirukovalluru et al., NeurIPS 2025): each batch is
+    ``communities_per_batch`` (K) communities of about B / K items of a sparse kNN rank graph;
+    an epoch is a partition of the items.
+
+    Build: the ``skip + window`` nearest neighbours of every item (:func:`hardbatch.knn_graph`,
+    ``method=knn_method``); ranks ``skip + 1 .. skip + window`` (strong negatives) symmetrised
+    into a sparse graph and cut by METIS into ``round(N K / B')`` balanced communities of about
+    B' / K items (:func:`hardbatch.batching.communities.community_labels`) in one METIS run over the
+    whole graph (B3's; the configuration measured in docs/results/code_search.md). Opt-in,
+    :attr:`cell_batches` >= 1: one METIS run per cell instead, the items first split into
+    spherical k-means cells of about ``cell_batches`` batches
+    (:func:`hardbatch.batching.communities.community_cells`), a cell's communities on the edges within
+    it (stable under noise, below; not yet measured in training). The top ``skip`` ranks (likely positives or near-duplicates: false negatives)
+    are left out of the graph. Each epoch (:func:`hardbatch.batching.communities.cell_order`): in every
+    cell the communities in a random order, their items shuffled, cut into pieces of B' / K
+    (a community's whole pieces first; one that runs out mid-piece is continued by the next);
+    a batch is K pieces drawn at random, so about K communities of unrelated cells; the short
+    last batch last. Then no pair of the skipped ranks shares a batch
+    (:func:`hardbatch.batching.communities.separate_pairs`: one item of the pair swaps with the most
+    similar item of a piece of its cell in a batch holding its window neighbours, where it
+    stays hard), except pairs no swap can separate (``forced_pairs`` counts what is left;
+    ``separated`` the swaps). Every item once per epoch; deterministic given ``seed``, the
+    epoch and the embeddings.
+
+    Reproducibility across machines: METIS is chaotic in its graph (one edge more or less
+    moves every part of its run), and tiny noise in the embeddings (two machines' matrix
+    kernels differ by about 1e-6 relative) swaps two kNN ranks tied at a window's end here and
+    there, so no build is bit-stable. With ``cell_batches`` >= 1 the cells keep such a change
+    in its cell: it moves the
+    batches that hold that cell's pieces (about 2 K of them), not the plan. Measured on 20,000
+    MiniLM embeddings (B = 64; ``benchmarks/bench_plan_stability.py``): 96% of the batches stay
+    identical at 1e-6 and 93% at 1e-5 (one METIS run over the whole graph: 0% and 0%); at 1e-5
+    a k-means cell may move too, which moves more. The default ``cell_batches = 0`` (one
+    METIS run) and the authors' ``batching="trim"`` (one run, one trimming over all parts)
+    keep no batch under such noise. To get the same batches on every machine, write the plan
+    once and replay it (:func:`hardbatch.write_plan`, :class:`hardbatch.PlanBatchSampler`).
+
+    B3's authors' code (github.com/raghavlite/B3, ``data_processing/spectral_clustering4_ibn.py``)
+    builds it otherwise; :meth:`authors` (the settings :attr:`AUTHORS`) follows it: ``edges=
+    "mutual"`` (i and j joined only when each lists the other), their rank window (positions
+    30 .. 129 of a teacher's ranking that starts with the item itself: ``skip=29, window=100``;
+    ``skip=69`` for their 70 .. 169), and ``batching="trim"``: ``N // (B / K)`` parts (K = 1:
+    one part per batch), trimmed and filled to exactly B / K items
+    (:func:`hardbatch.batching.communities.trimmed_order`), in random order each epoch, the ``N mod
+    (B / K)`` items left over in the short last batch (the authors pad it to B with copies of
+    other items instead: the plan here is a partition) and no separation of the top ranks (they
+    do none; ``forced_pairs`` then counts those sharing a batch). Ours (the defaults): the union
+    (every item joined to its whole window), a short window after three top ranks kept apart,
+    and K communities a batch (docs/samplers.md, "B3's authors' settings and ours", says why).
+
+    Refresh and cost: fixed embeddings (an array or tensor, e.g. computed once by a teacher
+    model, as B3 does) build the graph and communities once; each epoch then shuffles and
+    separates (O(N skip)). An :class:`~hardbatch.EmbeddingBank` (fed by the training loop) or a
+    callable (re-encodes the whole corpus at each call) is read and rebuilt at the start of
+    every epoch (``refresh_lag`` / ``background`` as for GCBS; not every t steps). A build is
+    a kNN graph of ``skip + window`` neighbours (exact: O(N^2 d); see ``knn_method``), a
+    k-means of the cells and METIS runs on about ``2 N window`` edges in all.
+
+    Args:
+        embeddings: [N, d] tensor / array (fixed), an :class:`~hardbatch.EmbeddingBank`, or a
+            callable returning one (cosine: rows are L2-normalised).
+        batch_size: B.
+        communities_per_batch: K (default 4): communities of about B' / K items; at most B'.
+        skip: p, the nearest ranks left out and kept apart (default 3; 0: none).
+        window: m, the ranks after them that make the graph (default 20); ``skip + window``
+            must be below N.
+        partitioner: ``"metis"`` (default, B3's: ``pip install 'hardbatch[metis]'``) or
+            ``"kmeans"`` (no extra: spherical k-means clusters of the embeddings, not balanced
+            and blind to the graph; the skipped ranks are still kept apart).
+        knn_method: the ``method`` of :func:`hardbatch.knn_graph`, passed through (None: its
+            default; ``"exact"`` costs O(N^2 d), ``"faiss-ivf"`` / ``"hnsw"`` are approximate).
+        imbalance: METIS's balance tolerance in [1, 2] (default 1.03: no community above 1.03
+            times its cell's average; above 2 METIS leaves communities empty and prints errors).
+        edges: ``"union"`` (default: i and j joined when either lists the other) or ``"mutual"``
+            (when both do: B3's authors').
+        batching: ``"fill"`` (default: ``round(N K / B')`` communities, a community that runs
+            out mid-batch continued by the next, the top ranks kept apart) or ``"trim"`` (B3's
+            authors': ``N // (B' / K)`` parts cut to exactly B' / K items; K must divide B').
+        **options: the shared options (:mod:`hardbatch.samplers.options`) but ``prefetch``,
+            ``normalize`` (rows are always L2-normalised), ``distributed``, ``process_group``,
+            ``precision`` and ``progress``. Here: ``device`` is where the kNN graph is computed
+            (default: the CPU); ``refresh_lag`` / ``background`` read the source
+            ``refresh_lag`` steps before an epoch ends and build for the next epoch (in a worker
+            thread with ``background``), as for GCBS; ``drop_last`` leaves out N mod B items (a
+            random choice per epoch) so every batch is full; ``duplicate_keys``: kept apart by
+            the pair separation, then (what it could not separate) repaired as for GCBS.
+
+    Example:
+        >>> import numpy as np
+        >>> import hardbatch as hb
+        >>> x = np.random.default_rng(0).standard_normal((40, 8)).astype(np.float32)
+        >>> sampler = hb.CommunityBatchSampler(x, 8, 2, skip=1, window=6)
+        >>> batches = list(sampler)
+        >>> [len(b) for b in batches], sorted(i for b in batches for i in b) == list(range(40))
+        ([8, 8, 8, 8, 8], True)
+        >>> sampler.parts, sampler.forced_pairs
+        (10, 0)
+        >>> x = np.random.default_rng(0).standard_normal((205, 8)).astype(np.float32)
+        >>> authors = hb.CommunityBatchSampler.authors(x, 10)  # B3's authors' settings
+        >>> authors.parts, [len(b) for b in authors][-2:]  # 20 parts of 10, then 5 left over
+        (20, [10, 5])
+    """
+
+    #: B3's authors' settings (see above); :meth:`authors` applies them.
+    AUTHORS = MappingProxyType({"edges": "mutual", "batching": "trim", "skip": 29,
+                                "window": 100, "communities_per_batch": 1})
+
+    _settings = PartitionSampler._settings + (
+        "communities_per_batch", "skip", "window", "partitioner", "knn_method", "imbalance",
+        "edges", "batching")
+
+    Options = CommunityOptions
+
+    #: Items per cell of the local build, in batches (:func:`hardbatch.batching.communities.
+    #: community_cells`; e.g. ``CELL_BATCHES`` = 2); 0 (default): one METIS run over the whole
+    #: graph, B3's and the measured one (chaotic under noise: see above). Set it on an
+    #: instance before the first epoch; it is not in the sampler's state.
+    cell_batches: int = 0
+
+    def __init__(self, embeddings: EmbeddingSource, batch_size: int,
+                 communities_per_batch: int = 4, *, skip: int = 3, window: int = 20,
+                 partitioner: str = "metis", knn_method: str | None = None,
+                 imbalance: float = 1.03, edges: str = "union", batching: str = "fill",
+                 **options: Unpack[CommunityOptions]) -> None:
+        shared = take_options(type(self), options, normalize=True, distributed=False)
+        device = shared.pop("device")
+        super().__init__(embeddings, batch_size, **shared)
+        n = self.num_items
+        k = self.check_per_batch(communities_per_batch, "communities_per_batch")
+        self.communities_per_batch = k
+        self.skip = check_int(skip, "skip", low=0)
+        self.window = check_int(window, "window", low=1)
+        if self.skip >= n - 1:
+            raise ValueError(f"skip={skip} leaves out every neighbour of an item (N={n} items "
+                             f"have {n - 1}); use skip <= {max(0, n - 2)}")
+        if self.skip + self.window >= n:
+            raise ValueError(f"window={window} with skip={skip} needs skip + window = "
+                             f"{self.skip + self.window} neighbours per item but N={n} items "
+                             f"have {n - 1}; use window <= {max(0, n - 1 - self.skip)}")
+        check_choice("partitioner", partitioner, PARTITIONERS)
+        if partitioner == "metis":
+            require_metis()  # ImportError now, naming the extra, not at the first epoch
+        self.partitioner, self.knn_method = partitioner, knn_method
+        self.imbalance = check_imbalance(imbalance)  # METIS's working range: [1, 2]
+        check_choice("edges", edges, EDGES)
+        check_choice("batching", batching, BATCHINGS)
+        self.edges, self.batching = edges, batching
+        b = self.plan_batch_size
+        if batching == "trim" and (b % k or n < b // k):
+            raise ValueError(f"batching='trim' cuts parts of exactly batch_size / "
+                             f"communities_per_batch = {b} / {k} items and N={n}: use a "
+                             f"communities_per_batch that divides {b} (1: one part per batch, "
+                             f"as B3's authors) and N >= {b // k}")
+        self.parts = n // (b // k) if batching == "trim" else min(n, max(1, round(n * k / b)))
+        self.device = resolve_device(device)
+        self.fixed = fixed_source(embeddings)
+        self.groups: tuple | None = None  # (labels, skipped pairs, near items) of the last build
+        self.cells: np.ndarray | None = None  # the last build's cells (METIS and "fill" only)
+        self.separated = 0  # swaps of the last built epoch
+        self.forced_pairs = 0  # skipped-rank pairs sharing a batch in the last built epoch
+
+    @classmethod
+    def authors(cls, embeddings: EmbeddingSource, batch_size: int,
+                **options) -> CommunityBatchSampler:
+        """B3 with its authors' settings (:attr:`AUTHORS`); ``options`` override them (e.g.
+        ``skip=69`` for their window 70 .. 169) or add others (``seed``, ``drop_last``, ...)."""
+        return cls(embeddings, batch_size, **{**cls.AUTHORS, **options})
+
+    def communities(self, x: torch.Tensor, epoch: int) -> tuple:
+        """(community labels, skipped-rank pairs, window neighbours) of the unit rows ``x``;
+        built once for fixed embeddings. With METIS and ``batching="fill"`` the communities are
+        found within cells (:func:`hardbatch.batching.communities.community_cells`, kept in
+        :attr:`cells`); the authors' ``"trim"`` runs METIS once over the whole graph."""
+        if self.fixed and self.groups is not None:
+            return self.groups
+        seed = _rng.derive_seed(self.seed, 0xB3) if self.fixed else \
+            _rng.derive_seed(self.seed, epoch, 0xB3)
+        method = {} if self.knn_method is None else {"method": self.knn_method}
+        nbrs = knn_graph(x, self.skip + self.window, device=self.device,
+                         seed=seed & 0x7FFFFFFF, **method).numpy()
+        local = self.partitioner == "metis" and self.batching == "fill" and self.cell_batches
+        self.cells = community_cells(x, self.plan_batch_size, seed=_rng.derive_seed(
+            seed, 0xCE11), cell_batches=self.cell_batches) if local else None
+        labels = community_labels(nbrs, self.parts, skip=self.skip, window=self.window,
+                                  partitioner=self.partitioner, seed=seed, embeddings=x,
+                                  imbalance=self.imbalance, edges=self.edges, cells=self.cells)
+        pairs = rank_graph(nbrs, 0, self.skip)
+        near = np.ascontiguousarray(nbrs[:, self.skip:self.skip + NEAR_CANDIDATES])
+        self.groups = (labels, pairs, near)
+        return self.groups
+
+    def build(self, x: torch.Tensor, epoch: int, group) -> np.ndarray:
+        """Epoch ``epoch``'s item order (batch i: slice i), from the unit rows ``x``."""
+        labels, pairs, near = self.communities(x, epoch)
+        b, drop = self.plan_batch_size, self.drop_count
+        kept = self.num_items - drop
+        keys, seed = self.duplicate_keys, _rng.derive_seed(self.seed, epoch, 0xB4)
+        keyed = keys is not None and keys.any
+        blocks = None
+        if self.batching == "trim":  # B3's authors': no separation; the drop: the order's tail
+            order = trimmed_order(labels, b // self.communities_per_batch, seed=seed)
+            apart = same_key_graph(keys.ids) if keyed else None
+        else:
+            if self.cells is not None:  # pieces cut within cells: noise in one moves its own
+                order, blocks = cell_order(labels, self.cells, b, self.communities_per_batch,
+                                           seed=seed, drop=drop)
+            else:
+                order = group_order(labels, b, 1, drop=drop, seed=seed)
+            apart = (pairs + same_key_graph(keys.ids)).tocsr() if keyed else pairs
+        if apart is not None and apart.nnz:  # copies kept apart in the same pass
+            order, self.separated, _ = separate_pairs(order, kept, b, apart, x, near, blocks)
+        order = separate_keys(order, kept, b, keys)[:kept]
+        self.forced_pairs = pairs_in_batches(order, kept, b, pairs)
+        return order
+
+    def draw(self, order: np.ndarray, index: int, seed: int, start: int | None) -> np.ndarray:
+        """Plan batch ``index``: slice ``index`` of the epoch's order."""
+        return self.slice_batch(order, index)
+
+    save_structure = staticmethod(save_order)
+    load_structure = staticmethod(load_order)
