@@ -6,8 +6,7 @@ serialisation of everything else in it (every tensor's dtype, shape, strides, of
 bytes of its whole storage, as ``torch.save`` writes them; numbers, strings, lists, tuples and
 dicts with their types) and the version of hardbatch that wrote it. :func:`verify` recomputes it
 and raises ``ValueError`` with the word "corrupted" on a mismatch; a state without the record
-(written by an older version) is reported as such, and the caller warns once
-(:func:`warn_legacy`).
+is reported as such (False), and the caller refuses it.
 
 Public names of a private module: the library's own helpers, not part of the user API.
 """
@@ -18,21 +17,15 @@ import hashlib
 import importlib.metadata
 import struct
 import sys
-import warnings
 
 import numpy as np
 import torch
 
-__all__ = ["INTEGRITY_KEY", "LegacyStateWarning", "digest", "library_version", "seal",
-           "span_offset", "tensor_record_spans", "verify", "warn_legacy"]
+__all__ = ["INTEGRITY_KEY", "digest", "library_version", "seal", "span_offset",
+           "tensor_record_spans", "verify"]
 
 INTEGRITY_KEY = "integrity"
 FORMAT = 1  # of the canonical serialisation below
-_WARNED: set[str] = set()  # kinds of legacy states already warned about (one warning each)
-
-
-class LegacyStateWarning(UserWarning):
-    """A state without a checksum (written before hardbatch 0.1.0 recorded one) was loaded."""
 
 
 def library_version() -> str:
@@ -139,8 +132,8 @@ def seal(state: dict, path: str = "state") -> dict:
 
 
 def verify(state: dict, what: str) -> bool:
-    """Check ``state``'s ``integrity`` record: True if it matches, False if there is none (an
-    older writer), ``ValueError`` naming ``what`` and "corrupted" if it does not match."""
+    """Check ``state``'s ``integrity`` record: True if it matches, False if there is none,
+    ``ValueError`` naming ``what`` and "corrupted" if it does not match."""
     record = state.get(INTEGRITY_KEY)
     if record is None:
         return False
@@ -162,17 +155,6 @@ def verify(state: dict, what: str) -> bool:
             "after it was written (disk, transfer or an edit); restore it from a copy or start "
             "afresh")
     return True
-
-
-def warn_legacy(kind: str, what: str, stacklevel: int = 3) -> None:
-    """Warn, once per process and ``kind``, that ``what`` has no checksum to verify."""
-    if kind in _WARNED:
-        return
-    _WARNED.add(kind)
-    warnings.warn(f"{what} has no checksum (written by an older hardbatch): it cannot be checked "
-                  "for corruption and is loaded as it is; states written from now on carry one",
-                  LegacyStateWarning, stacklevel=stacklevel)
-
 
 
 def tensor_record_spans(path) -> list[tuple[int, int]]:

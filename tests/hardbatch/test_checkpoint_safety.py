@@ -1,10 +1,9 @@
 """Training checkpoints are safe to load (issue 34): ``weights_only=True``, a checksum that
-catches every flipped byte of tensor data, version-1 checkpoints with one warning."""
+catches every flipped byte of tensor data, refuses a checkpoint without its checksum."""
 
 import random
 import re
 import shutil
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import hardbatch as hb
-from hardbatch import _integrity
 from hardbatch._integrity import (
-    LegacyStateWarning,
     digest,
     seal,
     span_offset,
@@ -142,33 +139,19 @@ def test_pickled_code_is_refused_and_never_runs(tmp_path):
     assert not ran
 
 
-def test_version_1_checkpoint_loads_with_one_warning(checkpoint, tmp_path, monkeypatch):
+def test_a_checkpoint_without_its_checksum_or_of_another_version_is_refused(checkpoint,
+                                                                               tmp_path):
     path, _ = checkpoint
     state = torch.load(path, weights_only=True)
     del state["integrity"]
+    old = tmp_path / "unsealed.pt"
+    torch.save(state, old)
+    with pytest.raises(ValueError, match="is corrupted: a hardbatch checkpoint carries a "
+                                         "checksum and this one has none"):
+        read_checkpoint(old)
     state["version"] = 1
-    np.random.seed(5)
-    np.random.standard_normal()  # a cached gaussian in the legacy state
-    random.seed(6)
-    state["rng"]["numpy"], state["rng"]["python"] = np.random.get_state(), random.getstate()
-    numpy_next, python_next = np.random.standard_normal(3), random.random()
-    old = tmp_path / "v1.pt"
-    torch.save(state, old)
-    monkeypatch.setattr(_integrity, "_WARNED", set())
-    with pytest.warns(LegacyStateWarning, match="has no checksum"):
-        loaded = read_checkpoint(old)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once only
-        read_checkpoint(old)
-    resumed = trainer(old)
-    resumed.load_state_dict(loaded)
-    assert np.array_equal(np.random.standard_normal(3), numpy_next)
-    assert random.random() == python_next
-    # a version-2 checkpoint must carry its checksum
-    state["version"] = 2
-    torch.save(state, old)
-    with pytest.raises(ValueError, match="is corrupted: a version-2 checkpoint must carry"):
-        read_checkpoint(old)
+    with pytest.raises(ValueError, match="checkpoint version 1 is not supported"):
+        trainer(old).load_state_dict(state)
 
 
 def test_rng_states_round_trip_as_tensors_and_numbers():

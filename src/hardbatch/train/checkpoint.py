@@ -10,8 +10,7 @@ and Python RNG states as a tensor and plain numbers), so :func:`read_checkpoint`
 ``torch.load(weights_only=True)``, which runs no pickled code. :func:`write_checkpoint` adds a
 SHA-256 checksum of the content and the writing hardbatch's version
 (:mod:`hardbatch._integrity`); :func:`read_checkpoint` verifies it and raises ``ValueError``
-naming the file and the word "corrupted" when a byte changed. A version-1 checkpoint (before the
-checksum) still loads, with one warning.
+naming the file and the word "corrupted" when a byte changed or the checksum is missing.
 """
 
 from __future__ import annotations
@@ -25,13 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._integrity import seal, verify, warn_legacy
+from .._integrity import seal, verify
 
 __all__ = ["CHECKPOINT_VERSION", "load_trainer_state", "read_checkpoint", "sampler_state",
            "seed_everything", "trainer_state", "write_checkpoint"]
 
 CHECKPOINT_VERSION = 2  # 2: RNG states as tensors and numbers, a checksum
-READABLE_VERSIONS = (1, 2)
 
 
 def seed_everything(seed: int) -> None:
@@ -92,10 +90,7 @@ def numpy_rng_state() -> dict:
 
 
 def set_numpy_rng_state(state) -> None:
-    """Restore :func:`numpy_rng_state` (or the tuple of ``np.random.get_state()``, version 1)."""
-    if not isinstance(state, dict):
-        np.random.set_state(state)
-        return
+    """Restore :func:`numpy_rng_state`."""
     np.random.set_state({
         "bit_generator": state["bit_generator"],
         "state": {"key": np.asarray(state["key"], dtype=np.int64).astype(np.uint32),
@@ -111,11 +106,9 @@ def python_rng_state() -> dict:
 
 
 def set_python_rng_state(state) -> None:
-    """Restore :func:`python_rng_state` (or ``random.getstate()``'s tuple, version 1)."""
-    if isinstance(state, dict):
-        state = (int(state["version"]), tuple(int(v) for v in state["internal"].tolist()),
-                 state["gauss_next"])
-    random.setstate(state)
+    """Restore :func:`python_rng_state`."""
+    random.setstate((int(state["version"]), tuple(int(v) for v in state["internal"].tolist()),
+                     state["gauss_next"]))
 
 
 def sampler_state(sampler, step_in_epoch: int) -> dict | None:
@@ -132,9 +125,9 @@ def sampler_state(sampler, step_in_epoch: int) -> dict | None:
 
 def load_trainer_state(trainer, state: dict) -> None:
     """Restore :func:`trainer_state`'s ``state`` into ``trainer``."""
-    if state.get("version") not in READABLE_VERSIONS:
+    if state.get("version") != CHECKPOINT_VERSION:
         raise ValueError(f"checkpoint version {state.get('version')} is not supported "
-                         f"(this hardbatch reads versions {READABLE_VERSIONS})")
+                         f"(this hardbatch reads version {CHECKPOINT_VERSION})")
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.loss.load_state_dict(state["loss"])
@@ -177,36 +170,17 @@ def write_checkpoint(state: dict, path: str | os.PathLike) -> Path:
     return path
 
 
-def _legacy_numpy_globals() -> list:
-    """What ``weights_only`` must allow to read a version-1 checkpoint's NumPy RNG state (an
-    array of uint32): NumPy's array reconstruction, nothing that can run other code."""
-    reconstruct = (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct
-    return [reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct"),
-            (reconstruct, "numpy._core.multiarray._reconstruct"), np.ndarray, np.dtype,
-            type(np.dtype(np.uint32))]
-
-
-def _load(path: Path) -> dict:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        if "numpy" not in str(exc):
-            raise
-    with torch.serialization.safe_globals(_legacy_numpy_globals()):  # version 1: numpy RNG state
-        return torch.load(path, map_location="cpu", weights_only=True)
-
-
 def read_checkpoint(path: str | os.PathLike) -> dict:
     """The state saved at ``path``, its checksum verified.
 
     Loaded with ``torch.load(weights_only=True)`` (no pickled code runs). ``ValueError`` naming
     the file: "corrupted" when the content no longer matches its checksum or cannot be read,
     "not a hardbatch training checkpoint" for another file. A checkpoint without a checksum
-    (version 1) loads with one warning.
+    is "corrupted" too.
     """
     path = Path(path)
     try:
-        state = _load(path)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise
     except pickle.UnpicklingError as exc:
@@ -220,8 +194,6 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     if not isinstance(state, dict) or "progress" not in state:
         raise ValueError(f"{path} is not a hardbatch training checkpoint (or is corrupted)")
     if not verify(state, str(path)):
-        if state.get("version") != 1:
-            raise ValueError(f"{path} is corrupted: a version-{state.get('version')} "
-                             "checkpoint must carry a checksum and this one has none")
-        warn_legacy("checkpoint", f"checkpoint {path}")
+        raise ValueError(f"{path} is corrupted: a hardbatch checkpoint carries a checksum and "
+                         "this one has none")
     return state
