@@ -45,7 +45,7 @@ import numpy as np
 from _common import machine, mnist_pca64, wiki_minilm
 
 import hardbatch as hb
-from hardbatch.keys.duplicates import separate_keys
+from hardbatch.keys import separate_keys
 
 SAMPLERS = {
     "uniform": lambda x, b, **kw: hb.UniformBatchSampler(len(x), b, **kw),
@@ -162,7 +162,7 @@ def mined_rows(n: int, negatives: int = 2, seed: int = 0):
 
 def conflict_pairs(batches, keys) -> int:
     """Pairs of rows of a batch that share a key (a text)."""
-    from hardbatch.keys.conflicts import item_keys
+    from hardbatch.keys import item_keys
 
     out = 0
     for b in batches:

@@ -43,17 +43,17 @@ from bench_scaling import Recorder, measure
 
 import hardbatch as hb
 from hardbatch._logging import NO_BAR
-from hardbatch.batching.gcbs import PartitionPlan
+from hardbatch.batching.gcbs import PartitionLayout
 from hardbatch.batching.gcbs import pairs as gcbs_pairs
-from hardbatch.neighbors.knn_graph import ProximityGraphPlan
+from hardbatch.neighbors.knn_graph import ProximityGraphLayout
 
 
-def sgemm_limit(plan: ProximityGraphPlan, threads: int) -> None:
+def sgemm_limit(layout: ProximityGraphLayout, threads: int) -> None:
     """The build's products alone: every group's [g, d] x [d, M], candidates not gathered."""
-    x, g, m = plan.x, plan.g, plan.candidates
-    per = plan.per_block
+    x, g, m = layout.x, layout.g, layout.candidates
+    per = layout.per_block
     cand = x[torch.arange(per * m) % x.shape[0]].reshape(per, m, -1)
-    blocks = iter(range(plan.num_blocks))
+    blocks = iter(range(layout.num_blocks))
     lock = threading.Lock()
 
     def work():
@@ -65,7 +65,7 @@ def sgemm_limit(plan: ProximityGraphPlan, threads: int) -> None:
             if b is None:
                 return
             s = b * per
-            e = min(plan.n_groups, s + per)
+            e = min(layout.n_groups, s + per)
             rows = x[s * g:e * g]
             if rows.shape[0] < (e - s) * g:  # the padded last group
                 rows = torch.cat([rows, rows.new_zeros((e - s) * g - rows.shape[0], x.shape[1])])
@@ -81,13 +81,13 @@ def sgemm_limit(plan: ProximityGraphPlan, threads: int) -> None:
 
 def previous_proximity_graph(x: np.ndarray, m: int, k: int, seed: int = 0) -> torch.Tensor:
     """The build before issue 33: gather each block's pool rows, bmm, torch.topk."""
-    plan = ProximityGraphPlan(x, m, k, seed, None, None, "fp32")
-    emb, g = plan.x, plan.g
-    out = torch.empty((plan.num_items, k), dtype=torch.int64)
-    for b in range(plan.num_blocks):
-        s = b * plan.per_block
-        mem = plan.members[s:s + plan.per_block]
-        pool = plan.pools[s:s + plan.per_block].to(torch.int64)
+    layout = ProximityGraphLayout(x, m, k, seed, None, None, "fp32")
+    emb, g = layout.x, layout.g
+    out = torch.empty((layout.num_items, k), dtype=torch.int64)
+    for b in range(layout.num_blocks):
+        s = b * layout.per_block
+        mem = layout.members[s:s + layout.per_block]
+        pool = layout.pools[s:s + layout.per_block].to(torch.int64)
         blk = mem.shape[0]
         cand = torch.index_select(emb, 0, pool.reshape(-1)).view(blk, m, -1)
         query = torch.index_select(emb, 0, mem.clamp(min=0).reshape(-1))
@@ -100,7 +100,7 @@ def previous_proximity_graph(x: np.ndarray, m: int, k: int, seed: int = 0) -> to
 
 
 def previous_hits(self, sims, self_col):
-    """PairSearchPlan._hits before issue 33 (torch: mask, nonzero, topk of the short rows)."""
+    """PairSearchLayout._hits before issue 33 (torch: mask, nonzero, topk of the short rows)."""
     self.block_bytes = max(self.block_bytes, sims.numel() * 5)
     mine = torch.nonzero(self_col >= 0).squeeze(1)
     sims[mine, self_col[mine]] = -torch.inf
@@ -115,16 +115,16 @@ def previous_hits(self, sims, self_col):
 def previous_gcbs():
     """GCBS as before issue 33: torch selection (:func:`previous_hits`), row blocks of ~16M
     similarities, cells one after the other with the torch threads."""
-    saved = (gcbs_pairs.PairSearchPlan._hits, gcbs_pairs.block_elements, PartitionPlan.order)
-    gcbs_pairs.PairSearchPlan._hits = previous_hits
+    saved = (gcbs_pairs.PairSearchLayout._hits, gcbs_pairs.block_elements, PartitionLayout.order)
+    gcbs_pairs.PairSearchLayout._hits = previous_hits
     gcbs_pairs.block_elements = lambda device: 16 * saved[1](device)  # old rows per block
-    PartitionPlan.order = lambda self, start, end, bar=None, log=None: np.concatenate(
+    PartitionLayout.order = lambda self, start, end, bar=None, log=None: np.concatenate(
         [np.empty(0, np.int64)] + [self._cell_order(c, bar or NO_BAR, log)
                                    for c in self.chain[start:end]])
     try:
         yield
     finally:
-        gcbs_pairs.PairSearchPlan._hits, gcbs_pairs.block_elements, PartitionPlan.order = saved
+        gcbs_pairs.PairSearchLayout._hits, gcbs_pairs.block_elements, PartitionLayout.order = saved
 
 
 def timed(fn, repeat: int):
@@ -164,10 +164,10 @@ def main(argv=None):
         graph, s, cpu, mem, load = timed(lambda: hb.proximity_graph(x, m, k, seed=0), args.repeat)
         rec.add(component="proximity_graph", method="ours", M=m, K=k, seconds=s, cpu_seconds=cpu,
                 peak_rss_gb=mem, load=load, **common)
-        plan = ProximityGraphPlan(x, m, k, 0, None, None, "fp32")
-        _, s, cpu, mem, load = timed(lambda: sgemm_limit(plan, args.threads), args.repeat)
+        layout = ProximityGraphLayout(x, m, k, 0, None, None, "fp32")
+        _, s, cpu, mem, load = timed(lambda: sgemm_limit(layout, args.threads), args.repeat)
         rec.add(component="proximity_graph", method="limit: the same sgemm products only",
-                M=m, K=k, gflop=round(2 * plan.n_groups * plan.g * m * d / 1e9), seconds=s,
+                M=m, K=k, gflop=round(2 * layout.n_groups * layout.g * m * d / 1e9), seconds=s,
                 cpu_seconds=cpu, load=load, **common)
         if not args.no_previous:
             old, s, cpu, mem, load = timed(lambda: previous_proximity_graph(x, m, k), 1)

@@ -41,9 +41,9 @@ def epoch(name: str, x: np.ndarray, batch_size: int, seed: int) -> list[list[int
     """One epoch's batches of sampler ``name`` over ``x`` (``@global``: one METIS run;
     ``@cells=C``: cells of about C batches)."""
     kind, _, variant = name.partition("@")
-    sampler = hb.registry.make_sampler(kind, x, batch_size, seed=seed)
-    if variant:
-        sampler.cell_batches = 0 if variant == "global" else int(variant.split("=")[1])
+    extra = {"cell_batches": 0 if variant == "global" else int(variant.split("=")[1])} \
+        if variant else {}
+    sampler = hb.registry.make_sampler(kind, x, batch_size, seed=seed, **extra)
     return [list(map(int, b)) for b in sampler]
 
 

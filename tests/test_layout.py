@@ -189,3 +189,54 @@ def test_every_module_parses_and_has_a_docstring(package):
     missing = [name for name, path in modules(package).items()
                if path.stat().st_size and ast.get_docstring(ast.parse(path.read_text())) is None]
     assert not missing, missing
+
+
+def test_the_test_tree_mirrors_the_library():
+    """``tests/hardbatch/<path>/`` mirrors the package ``src/hardbatch/<path>/``, and each of its
+    ``test_X.py`` names a module X of that package (``_X.py`` too), one of its subpackages or
+    the package itself when its ``__init__`` defines code (not only re-exports), alone or with
+    an aspect (``test_X_aspect.py``, e.g. test_community_sampler_authors.py); the cross-cutting
+    files are listed here, each with why."""
+    cross_cutting = {  # path under tests/hardbatch: why it names no single module
+        "test_api_arguments.py": "every generator= / device= / dtype= of the public API",
+        "integrations/test_losses_integrations.py": "losses in lightly's and PML's call forms",
+        "integrations/sentence_transformers/test_trainer.py": "SentenceTransformerTrainer "
+                                                             "end to end (factory, sampler, loss)",
+        "keys/test_samplers.py": "duplicate_keys end to end through every sampler",
+        "losses/test_checks.py": "the input checks of every loss and loss module",
+        "losses/test_docs_examples.py": "the code blocks of docs/losses.md",
+        "losses/test_false_negatives.py": "false_negatives= on every loss",
+        "losses/test_gather.py": "gather=True of every loss across torchrun processes",
+        "losses/test_numerics.py": "extreme inputs for every loss",
+        "losses/test_properties.py": "hypothesis properties of every loss",
+        "losses/test_typing.py": "the signatures of the loss API under mypy",
+        "samplers/test_checkpoints.py": "every sampler's state with DataLoader workers",
+        "samplers/test_contract.py": "the PlanSampler contract for every sampler",
+        "samplers/test_global_batch.py": "global_batch=True across ranks, every sampler",
+        "samplers/test_plan_stability.py": "every sampler's plan under rounding noise",
+        "samplers/test_properties.py": "hypothesis properties of every sampler",
+        "samplers/test_state_kinds.py": "the kind and checksum of every sampler's state",
+    }
+    tests_root, lib = REPO / "tests" / "hardbatch", SRC["hardbatch"] / "hardbatch"
+    folders = [tests_root] + sorted(p for p in tests_root.rglob("*")
+                                    if p.is_dir() and "__pycache__" not in p.parts)
+    bad = []
+    for folder in folders:
+        rel = folder.relative_to(tests_root)
+        package, where = lib / rel, "".join(f"{part}/" for part in rel.parts)
+        if not (package / "__init__.py").is_file():
+            bad.append(f"tests/hardbatch/{where} mirrors no package src/hardbatch/{where}")
+            continue
+        init = ast.parse((package / "__init__.py").read_text()).body
+        names = {p.stem.lstrip("_") for p in package.glob("*.py") if p.name != "__init__.py"} | \
+            {p.name for p in package.iterdir() if (p / "__init__.py").is_file()} | \
+            ({package.name} if any(isinstance(node, (ast.FunctionDef, ast.ClassDef))
+                                   for node in init) else set())
+        for test in sorted(folder.glob("test_*.py")):
+            path = test.relative_to(tests_root).as_posix()
+            x = test.stem[len("test_"):]
+            if path not in cross_cutting and \
+                    not any(x == m or x.startswith(m + "_") for m in names):
+                bad.append(f"tests/hardbatch/{path} names no module of src/hardbatch/{where}")
+    stale = [p for p in cross_cutting if not (tests_root / p).is_file()]
+    assert not bad and not stale, bad + [f"allow-listed but missing: {p}" for p in stale]

@@ -31,7 +31,7 @@ from .samplers import (
     SingleSourceBatchSampler,
     UniformBatchSampler,
 )
-from .keys.duplicates import near_duplicate_keys
+from .keys.derive import near_duplicate_keys
 from .schedules import EpochStepDecay, LinearDecay
 from .batching.walks import walk_batches
 from . import registry  # noqa: F401  (names and factories: hb.registry.make_sampler)

@@ -1,4 +1,4 @@
-"""torch.distributed glue: sharded graph construction and embedding-bank synchronisation.
+"""torch.distributed glue: the collectives of sharded builds, losses and the embedding bank.
 
 hardbatch scales with the engine training already uses (DDP launched by
 ``torchrun``), not a home-made one. Every function here takes an optional
@@ -6,7 +6,7 @@ process ``group`` (default: the default group) and is a plain single-process
 call when torch.distributed is not initialised or the group has one rank, so
 the same code runs with and without ``torchrun``. Collectives run on the
 device the backend needs: CUDA for ``nccl`` (``torch.cuda.current_device()``),
-CPU for ``gloo``.
+CPU for ``gloo``. This module imports nothing of the builds: they import it.
 
 - :func:`all_gather_rows`: concatenation over ranks of tensors with equal
   trailing shape and *uneven* row counts (counts first, then a padded
@@ -19,42 +19,28 @@ CPU for ``gloo``.
   :func:`all_gather_ints` gathers a few integers per rank (shapes, flags) in
   one fixed-size collective, so that every rank can check every rank's inputs
   before any variable-size collective.
-- :func:`proximity_graph` / :func:`knn_graph`: each rank computes the cheap,
-  seeded candidate-pool table in full (the same on every rank), builds the
-  rows of its contiguous range of blocks of groups (rows for the kNN graph)
-  on its own ``device``, and the rows are all-gathered: the result equals the
-  single-process :func:`hardbatch.proximity_graph` / :func:`hardbatch.knn_graph`
-  bit for bit (same blocks, same products), with 1/W of the work per rank.
-- :func:`gcbs_permutation`: the threshold is estimated on every rank (same
-  seeded sample), the search for pairs above it is shared (row blocks or
-  inverted lists), the pairs are all-gathered and every rank runs the same
-  reverse Cuthill-McKee: the same order as the single-process call (for
-  ``"ivf"`` on CUDA, k-means with atomic adds may differ in the last bits
-  between ranks; the order is still the same on every rank).
+- :func:`rank_share` (a rank's contiguous range of a build's units) and
+  :func:`broadcast_from_first` (rank 0's values on every rank): what the sharded
+  builds beside their builds use, with :func:`all_gather_rows`:
+  :func:`hardbatch.neighbors.proximity_graph.sharded_proximity_graph`,
+  :func:`hardbatch.neighbors.knn_graph.sharded_knn_graph` and
+  :func:`hardbatch.batching.gcbs.sharded_gcbs_permutation`, each equal to its
+  single-process build bit for bit with 1/W of the work per rank
+  (docs/distributed.md).
 - :func:`sync_bank_update`: the (indices, embeddings) every rank computed this
   step, all-gathered, so that every rank's :class:`~hardbatch.EmbeddingBank`
   holds the same table (``EmbeddingBank(sync=True)`` calls it in ``update``).
-
-Memory per rank: the pool table N*M/g int32 (g items share a pool; 100 MB at
-N = 1.28M, M = 1000, g = 50), the embeddings N*d, one block, and the full
-[N, K] int64 graph after the gather (the walks need all of it), plus a
-receive buffer of W * max-rows-per-rank * K during the gather.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from ._device import Precision, shard_range
-from ._validation import check_int
-from .batching.gcbs import (PairSearchPlan, PartitionPlan, gcbs_setup, interleave_chunks, rcm_order,
-                   resolve_build)
-from .neighbors.knn_graph import KNNGraphPlan, ProximityGraphPlan
+from ._device import shard_range
 
-__all__ = ["all_gather_ints", "all_gather_rows", "all_gather_rows_with_grad", "gcbs_permutation",
-           "get_rank_world", "is_distributed", "knn_graph", "proximity_graph",
+__all__ = ["all_gather_ints", "all_gather_rows", "all_gather_rows_with_grad",
+           "broadcast_from_first", "get_rank_world", "is_distributed", "rank_share",
            "sync_bank_update"]
 
 
@@ -195,111 +181,46 @@ def all_gather_rows_with_grad(tensor: torch.Tensor, group=None,
     return _AllGatherRows.apply(tensor, list(counts), group)
 
 
-def proximity_graph(embeddings, candidates: int = 1000, neighbors: int = 100, seed: int = 0, *,
-                    group_size: int | None = None, device: str | torch.device | None = None,
-                    precision: Precision = "fp32", group=None) -> torch.Tensor:
-    """:func:`hardbatch.proximity_graph`, built by all ranks of ``group`` together.
+def rank_share(num_units: int, group=None) -> tuple[int, int]:
+    """This rank's contiguous share ``[start, end)`` of ``num_units`` work units in ``group``
+    (rank r of W: ``[r * n / W, (r + 1) * n / W)``); ``(0, num_units)`` when not distributed.
 
-    Every rank must call it with the same embeddings and arguments (as after
-    :func:`sync_bank_update`). Rank r builds the rows of blocks
-    ``[r*nb/W, (r+1)*nb/W)`` of the block layout (whole groups sharing a
-    candidate pool, BatchSampler eq. 3) on its ``device``; the rows are
-    all-gathered, so every rank returns the full [N, K] graph, identical to the
-    single-process one.
+    The units of a sharded build (blocks of a graph, units of a pair search): every rank
+    builds its share and :func:`all_gather_rows` concatenates the shares in rank order.
 
     Example:
-        >>> import torch
-        >>> import hardbatch as hb
-        >>> from hardbatch import distributed
-        >>> x = torch.randn(40, 8)
-        >>> graph = distributed.proximity_graph(x, candidates=20, neighbors=5, seed=0)
-        >>> graph.shape, torch.equal(graph, hb.proximity_graph(x, 20, 5, seed=0))  # one process
-        (torch.Size([40, 5]), True)
+        >>> from hardbatch.distributed import rank_share
+        >>> rank_share(10)  # one process: all of them; rank 1 of 2 would get (5, 10)
+        (0, 10)
     """
-    plan = ProximityGraphPlan(embeddings, candidates, neighbors, seed, group_size, device, precision)
     rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
-    start, end = shard_range(plan.num_blocks, rank, world)
-    return plan.assemble(all_gather_rows(plan.rows(start, end), group))
+    return shard_range(num_units, rank, world)
 
 
-def knn_graph(embeddings, neighbors: int = 100, *, method: str = "exact",
-              device: str | torch.device | None = None, precision: Precision = "fp32",
-              nlist: int | None = None, nprobe: int = 16, seed: int = 0,
-              group=None) -> torch.Tensor:
-    """:func:`hardbatch.knn_graph`, rows sharded by contiguous row blocks across ``group``.
+def broadcast_from_first(tensors: list[torch.Tensor], group=None) -> list[torch.Tensor]:
+    """Rank 0's values of ``tensors`` (of ``group``; same shapes and dtypes on every rank),
+    copies on each tensor's own device; the tensors themselves when not distributed.
+
+    For a value that every rank computes but that may differ in the last bits between ranks
+    (k-means with atomic adds on CUDA): every rank then uses rank 0's.
 
     Example:
         >>> import torch
-        >>> from hardbatch import distributed, knn_graph
-        >>> x = torch.randn(40, 8)
-        >>> torch.equal(distributed.knn_graph(x, 5), knn_graph(x, 5))  # one process: the same
+        >>> from hardbatch.distributed import broadcast_from_first
+        >>> cells = torch.tensor([0, 1, 1])
+        >>> broadcast_from_first([cells])[0] is cells  # one process: the tensor itself
         True
     """
-    plan = KNNGraphPlan(embeddings, neighbors, method, device, precision, nlist, nprobe, seed)
-    rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
-    start, end = shard_range(plan.num_blocks, rank, world)
-    return all_gather_rows(plan.rows(start, end), group)
-
-
-def gcbs_permutation(embeddings, quantile: float = 0.999, paired=None, *, method: str = "auto",
-                     min_partners: int | None = None, seed: int = 0, nlist: int | None = None,
-                     nprobe: int = 8,
-                     partitions: int | None = None, device: str | torch.device | None = None,
-                     precision: Precision = "fp32", interleave: int = 0,
-                     group=None) -> torch.Tensor:
-    """:func:`hardbatch.gcbs_permutation` with the pair search (GCBS eq. 5) shared across ``group``.
-
-    The same arguments and the same order as the single-process function (``method="auto"``
-    resolves by N on every rank alike); ``group`` is the process group (None: the default).
-
-    ``method="partition"``: rank 0's cells and chain are broadcast (k-means on
-    CUDA may differ in the last bits between ranks), every rank orders a
-    contiguous range of the chain of about equal cost (sum of squared cell
-    sizes), and the ranges are all-gathered in chain order.
-
-    Example:
-        >>> import torch
-        >>> from hardbatch import distributed, gcbs_permutation
-        >>> x = torch.randn(40, 8)
-        >>> order = distributed.gcbs_permutation(x, quantile=0.9, seed=0)
-        >>> len(order), torch.equal(order, gcbs_permutation(x, quantile=0.9, seed=0))
-        (40, True)
-    """
-    x, y, threshold, nlist, nprobe = gcbs_setup(embeddings, paired, quantile, method, seed, nlist,
-                                                nprobe, device, precision)
-    n = x.shape[0]
-    if threshold is None:
-        return torch.zeros(1, dtype=torch.int64)
-    method, k, partitions = resolve_build(method, min_partners, partitions, n)
-    interleave = check_int(interleave, "interleave", low=0)
-    return torch.from_numpy(interleave_chunks(
-        _shared_order(x, y, threshold, method, k, seed, nlist, nprobe, partitions, device,
-                      precision, group), interleave))
-
-
-def _shared_order(x, y, threshold, method, k, seed, nlist, nprobe, partitions, device,
-                  precision, group) -> np.ndarray:
-    """The GCBS order of :func:`gcbs_permutation` (before interleaving), work shared by rank."""
-    n = x.shape[0]
-    if method == "partition":
-        part = PartitionPlan(x, y, threshold, partitions, seed, device, precision, k)
-        if not is_distributed(group):
-            return part.order(0, len(part.chain))
-        dev = _comm_device(group)
-        cell, chain = part.cell.to(dev), torch.tensor(part.chain, dtype=torch.int64, device=dev)
-        src = dist.get_global_rank(group, 0) if group is not None else 0
-        dist.broadcast(cell, src, group=group)
-        dist.broadcast(chain, src, group=group)
-        part.adopt(cell.cpu(), chain.cpu())
-        rank, world = get_rank_world(group)
-        mine = torch.from_numpy(part.order(*part.shard(rank, world)))
-        return all_gather_rows(mine, group).numpy()
-    plan = PairSearchPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
-                          device=device, precision=precision, min_partners=k)
-    rank, world = get_rank_world(group) if is_distributed(group) else (0, 1)
-    rows, cols = plan.pairs(*shard_range(plan.num_units, rank, world))
-    pairs = all_gather_rows(torch.from_numpy(np.stack([rows, cols], axis=1)), group).numpy()
-    return np.asarray(rcm_order(pairs[:, 0], pairs[:, 1], n, seed))
+    if not is_distributed(group):
+        return list(tensors)
+    dev = _comm_device(group)
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    out = []
+    for tensor in tensors:
+        sent = tensor.to(dev, copy=True)
+        dist.broadcast(sent, src, group=group)
+        out.append(sent.to(tensor.device))
+    return out
 
 
 def sync_bank_update(indices: torch.Tensor, embeddings: torch.Tensor,

@@ -30,6 +30,7 @@ InfoNCE the ``2B x 2B`` logits). Time: one more forward pass of the encoder.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -231,7 +232,19 @@ def _running_stat_buffers(modules: Sequence[nn.Module | None]) -> list[Tensor]:
 # a plain loss.backward() never pays) and they cost ~25 us per call after. The function below
 # is the rest of that call (a private torch function: without it, the public call); the g of
 # GradCache has z's shape, dtype and device by construction, which _backward checks.
-_ENGINE_BACKWARD = getattr(getattr(torch.autograd, "graph", None), "_engine_run_backward", None)
+# Its signature is checked once here: a torch whose private function takes other arguments
+# gets the public call.
+def _engine_backward():
+    fn = getattr(getattr(torch.autograd, "graph", None), "_engine_run_backward", None)
+    try:
+        inspect.signature(fn).bind((), (), False, False, (), allow_unreachable=True,
+                                   accumulate_grad=True)
+    except (TypeError, ValueError):
+        return None
+    return fn
+
+
+_ENGINE_BACKWARD = _engine_backward()
 
 
 def _backward(z: Tensor, g: Tensor) -> None:

@@ -26,6 +26,8 @@ import torch.distributed as dist
 import hardbatch as hb
 import hardbatch.distributed as hbdist
 import hardbatch._device as hbdevice
+from hardbatch.batching.gcbs import sharded_gcbs_permutation
+from hardbatch.neighbors.knn_graph import sharded_knn_graph, sharded_proximity_graph
 from support import end_torchrun_worker
 
 N, D, B = 600, 16, 40
@@ -57,20 +59,20 @@ def check_graphs(x: np.ndarray) -> None:
     # Small blocks, so that both ranks build several blocks of groups / rows.
     hbdevice.BLOCK_ELEMENTS_CPU = 1 << 13
     for g in (None, 1):
-        sharded = hbdist.proximity_graph(x, 100, 10, seed=3, group_size=g)
+        sharded = sharded_proximity_graph(x, 100, 10, seed=3, group_size=g)
         assert torch.equal(sharded, hb.proximity_graph(x, 100, 10, seed=3, group_size=g))
-    assert torch.equal(hbdist.knn_graph(x, 10), hb.knn_graph(x, 10))
+    assert torch.equal(sharded_knn_graph(x, 10), hb.knn_graph(x, 10))
     for method in ("exact", "ivf"):
-        assert torch.equal(hbdist.gcbs_permutation(x, 0.99, method=method, seed=4),
+        assert torch.equal(sharded_gcbs_permutation(x, 0.99, method=method, seed=4),
                            hb.gcbs_permutation(x, 0.99, method=method, seed=4)), method
     # the defaults ("auto", min_partners) and interleaved chunks resolve alike on every rank
-    assert torch.equal(hbdist.gcbs_permutation(x, 0.99, seed=4, interleave=8),
+    assert torch.equal(sharded_gcbs_permutation(x, 0.99, seed=4, interleave=8),
                        hb.gcbs_permutation(x, 0.99, seed=4, interleave=8))
-    assert torch.equal(hbdist.gcbs_permutation(x, 0.99, seed=4, min_partners=0),
+    assert torch.equal(sharded_gcbs_permutation(x, 0.99, seed=4, min_partners=0),
                        hb.gcbs_permutation(x, 0.99, seed=4, min_partners=0))
     for parts in (1, 2, 5):  # cells shared across the ranks
         assert torch.equal(
-            hbdist.gcbs_permutation(x, 0.99, method="partition", partitions=parts, seed=4),
+            sharded_gcbs_permutation(x, 0.99, method="partition", partitions=parts, seed=4),
             hb.gcbs_permutation(x, 0.99, method="partition", partitions=parts, seed=4)), parts
     hbdevice.BLOCK_ELEMENTS_CPU = 1 << 22
 

@@ -48,28 +48,28 @@ def _module(path):
 #: (public callable, parameter) -> a call passing the bad value to that parameter.
 CALLS = {
     ("hardbatch.neighbors.knn_graph.knn_graph", "device"): lambda v: hb.knn_graph(X, 4, device=v),
-    ("hardbatch.neighbors.knn_graph.KNNGraphPlan", "device"): lambda v: _module(
-        "hardbatch.neighbors.knn_graph.KNNGraphPlan")(X, 4, "exact", v, "fp32", None, 8, 0),
+    ("hardbatch.neighbors.knn_graph.KNNGraphLayout", "device"): lambda v: _module(
+        "hardbatch.neighbors.knn_graph.KNNGraphLayout")(X, 4, "exact", v, "fp32", None, 8, 0),
     ("hardbatch.batching.gcbs.gcbs_permutation", "device"): lambda v: hb.gcbs_permutation(X, 0.9,
                                                                                  device=v),
     ("hardbatch.batching.gcbs.gcbs_setup", "device"): lambda v: _module("hardbatch.batching.gcbs.gcbs_setup")(
         X, None, 0.9, "exact", 0, None, 8, v, "fp32"),
     ("hardbatch.batching.gcbs.pairs.thresholded_pairs", "device"): lambda v: _module(
         "hardbatch.batching.gcbs.pairs.thresholded_pairs")(X, X, 0.5, device=v),
-    ("hardbatch.batching.gcbs.pairs.PairSearchPlan", "device"): lambda v: _module(
-        "hardbatch.batching.gcbs.pairs.PairSearchPlan")(X, X, 0.5, "exact", nlist=None, nprobe=8, seed=0,
+    ("hardbatch.batching.gcbs.pairs.PairSearchLayout", "device"): lambda v: _module(
+        "hardbatch.batching.gcbs.pairs.PairSearchLayout")(X, X, 0.5, "exact", nlist=None, nprobe=8, seed=0,
                                               device=v, precision="fp32"),
-    ("hardbatch.batching.gcbs.order.PartitionPlan", "device"): lambda v: _module(
-        "hardbatch.batching.gcbs.order.PartitionPlan")(X, X, 0.5, 2, 0, v, "fp32"),
+    ("hardbatch.batching.gcbs.order.PartitionLayout", "device"): lambda v: _module(
+        "hardbatch.batching.gcbs.order.PartitionLayout")(X, X, 0.5, 2, 0, v, "fp32"),
     ("hardbatch.batching.gcbs.threshold.similarity_threshold", "device"): lambda v: _module(
         "hardbatch.batching.gcbs.threshold.similarity_threshold")(X, X, 0.9, device=v),
-    ("hardbatch.distributed.proximity_graph", "device"): lambda v: _module(
-        "hardbatch.distributed.proximity_graph")(X, 10, 4, device=v),
-    ("hardbatch.distributed.knn_graph", "device"): lambda v: _module(
-        "hardbatch.distributed.knn_graph")(X, 4, device=v),
-    ("hardbatch.distributed.gcbs_permutation", "device"): lambda v: _module(
-        "hardbatch.distributed.gcbs_permutation")(X, 0.9, device=v),
-    ("hardbatch.keys.duplicates.near_duplicate_keys", "device"): lambda v: hb.
+    ("hardbatch.neighbors.proximity_graph.sharded_proximity_graph", "device"): lambda v: _module(
+        "hardbatch.neighbors.proximity_graph.sharded_proximity_graph")(X, 10, 4, device=v),
+    ("hardbatch.neighbors.knn_graph.sharded_knn_graph", "device"): lambda v: _module(
+        "hardbatch.neighbors.knn_graph.sharded_knn_graph")(X, 4, device=v),
+    ("hardbatch.batching.gcbs.sharded_gcbs_permutation", "device"): lambda v: _module(
+        "hardbatch.batching.gcbs.sharded_gcbs_permutation")(X, 0.9, device=v),
+    ("hardbatch.keys.derive.near_duplicate_keys", "device"): lambda v: hb.
     near_duplicate_keys(X, 0.9, device=v),
     ("hardbatch.samplers.proximity_sampler.ProximityGraphSampler", "device"): lambda v: hb.
     ProximityGraphSampler(X, 4, 10, 4, device=v),
@@ -107,8 +107,8 @@ CALLS = {
      "generator"): _st_sampler,
     ("hardbatch.neighbors.proximity_graph.proximity_graph", "device"): lambda v: _module(
         "hardbatch.neighbors.proximity_graph.proximity_graph")(X, 10, 4, device=v),
-    ("hardbatch.neighbors.proximity_graph.ProximityGraphPlan", "device"): lambda v: _module(
-        "hardbatch.neighbors.proximity_graph.ProximityGraphPlan")(X, 10, 4, 0, None, v, "fp32"),
+    ("hardbatch.neighbors.proximity_graph.ProximityGraphLayout", "device"): lambda v: _module(
+        "hardbatch.neighbors.proximity_graph.ProximityGraphLayout")(X, 10, 4, 0, None, v, "fp32"),
     ("hardbatch.samplers.cluster_sampler.ClusterBatchSampler", "device"): lambda v: _module(
         "hardbatch.samplers.cluster_sampler.ClusterBatchSampler")(X, 4, device=v),
     ("hardbatch.samplers.community_sampler.CommunityBatchSampler", "device"): lambda v: _module(
@@ -130,7 +130,7 @@ INTERNAL = {
     ("hardbatch.losses.inputs.excluded_items", "device"): "the device of the loss's inputs",
     ("hardbatch.train.guide.check_guide", "device"): "the Trainer's resolved device",
     ("hardbatch.neighbors.index_search.resolve_knn_method", "device"): "knn_graph's resolved device",
-    ("hardbatch.neighbors.index_search.sampler_index_kind", "device"): "KNNBatchSampler's resolved "
+    ("hardbatch.samplers.knn_sampler.sampler_index_kind", "device"): "KNNBatchSampler's resolved "
                                                                "device",
     ("hardbatch.train.step_batch.loader_batches", "generator"): "the Trainer's own generator",
     ("hardbatch.train.step_batch.skip_on_every_rank", "device"): "the Trainer's resolved device",

@@ -10,6 +10,8 @@ from support import unit_rows, run_torchrun
 
 import hardbatch as hb
 import hardbatch.distributed as hbdist
+from hardbatch.batching.gcbs import sharded_gcbs_permutation
+from hardbatch.neighbors.knn_graph import sharded_knn_graph, sharded_proximity_graph
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 
@@ -41,12 +43,21 @@ def test_trainer_skips_a_one_item_batch_on_every_rank_under_ddp():
 
 
 def test_single_process_functions_are_plain_calls(rng):
+    """One process: the collectives hand back their input, the sharded builds equal the
+    plain builds."""
     assert not hbdist.is_distributed() and hbdist.get_rank_world() == (0, 1)
     t = torch.arange(6).reshape(3, 2)
     assert hbdist.all_gather_rows(t) is t
     x = unit_rows(rng, 300, 8)
-    assert torch.equal(hbdist.proximity_graph(x, 50, 5, seed=2), hb.proximity_graph(x, 50, 5, seed=2))
-    assert torch.equal(hbdist.knn_graph(x, 5), hb.knn_graph(x, 5))
+    assert torch.equal(sharded_proximity_graph(x, 50, 5, seed=2),
+                       hb.proximity_graph(x, 50, 5, seed=2))
+    assert torch.equal(sharded_knn_graph(x, 5), hb.knn_graph(x, 5))
+    for method in ("exact", "ivf", "partition"):
+        assert torch.equal(sharded_gcbs_permutation(x, 0.99, method=method, partitions=3, seed=1),
+                           hb.gcbs_permutation(x, 0.99, method=method, partitions=3, seed=1))
+    assert hbdist.rank_share(7) == (0, 7)
+    cells = torch.arange(4)
+    assert hbdist.broadcast_from_first([cells])[0] is cells
     idx, emb = hbdist.sync_bank_update(torch.tensor([1, 2]), torch.ones(2, 8))
     assert idx.tolist() == [1, 2] and emb.shape == (2, 8)
 

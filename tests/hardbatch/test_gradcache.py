@@ -258,6 +258,24 @@ def test_first_step_imports_no_sympy():
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
 
 
+def test_the_public_backward_gives_the_same_gradients(monkeypatch):
+    """Where torch's private engine call is missing or takes other arguments, GradCache uses
+    ``torch.autograd.backward`` (checked once at import): the same gradients, bit for bit."""
+    import hardbatch.gradcache as gradcache_module
+    assert gradcache_module._engine_backward() is not None  # this torch: the private call
+    enc, (x1, x2) = mlp(), views()
+    GradCache(enc, hb.InfoNCE(0.2), 5)(x1, x2)
+    want = take_grads(enc)
+    monkeypatch.setattr(torch.autograd.graph, "_engine_run_backward",
+                        lambda tensors, grads, keep: None)  # another signature
+    assert gradcache_module._engine_backward() is None
+    monkeypatch.setattr(gradcache_module, "_ENGINE_BACKWARD", None)
+    enc2 = mlp()
+    GradCache(enc2, hb.InfoNCE(0.2), 5)(x1, x2)
+    got = take_grads(enc2)
+    assert torch.equal(got, want)
+
+
 # --------------------------------------------------------------------------- inputs and encoders
 
 

@@ -210,6 +210,44 @@ def test_corrupt_and_foreign_files(plan, x, tmp_path):
         read_plan(out_of_range)
 
 
+def test_write_batches_keeps_what_a_live_sampler_yielded(x, tmp_path):
+    """Issue 45: a kNN sampler refreshed from a bank the loop feeds (no rerun gives its batches
+    back) recorded, written with its run's facts, replayed exactly; bad batches are refused."""
+    bank = hb.EmbeddingBank(N, 8)
+    sampler = make_sampler("knn", bank, B, seed=3, refresh_every=2)
+    seen, gen = [], torch.Generator().manual_seed(0)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        seen.append([list(b) for b in sampler])
+        bank.update(torch.arange(N), torch.randn(N, 8, generator=gen))
+    path = tmp_path / "run.parquet"
+    plan = plan_files.write_batches(path, seen, num_rows=N, batch_size=B, sampler="knn", seed=3,
+                                    options={"refresh_every": 2}, embeddings=x,
+                                    run={"arm": "knn", "steps": [8, 8]})
+    assert (plan.epochs, plan.world_size, plan.steps_per_epoch, plan.seed) == (2, 1, 8, 3)
+    assert plan.run == {"arm": "knn", "steps": [8, 8]} and plan.embeddings_sha256 == digest(x)
+    replay = PlanBatchSampler(path, rank=0, world_size=1, dataset=range(N), embeddings=x)
+    assert [list(replay) for _ in range(2)] == seen
+    bare = plan_files.write_batches(tmp_path / "bare.parquet", seen[:1], num_rows=N,
+                                    batch_size=B, sampler="default")
+    assert bare.embeddings_sha256 is None and "run" not in bare.meta
+    with pytest.raises(ValueError, match="holds no embeddings' SHA-256"):
+        PlanBatchSampler(bare, rank=0, world_size=1, embeddings=x)
+    bad = {"epochs": ([seen[0], seen[1][:3]], "epoch 1 holds 3 batches but epoch 0 holds 8"),
+           "range": ([[[0, N]]], f"holds 2 row ids in 0..{N}"),
+           "size": ([[list(range(B + 1))]], f"1..batch_size={B} ids"),
+           "empty": ([], "holds no batch")}
+    for what, (batches, message) in bad.items():
+        with pytest.raises(ValueError, match=message):
+            plan_files.write_batches(tmp_path / f"{what}.parquet", batches, num_rows=N,
+                                     batch_size=B, sampler="knn")
+        assert not (tmp_path / f"{what}.parquet").exists()
+    with pytest.raises(ValueError, match="run must be JSON-able"):
+        plan_files.write_batches(path, seen, num_rows=N, batch_size=B, sampler="knn",
+                                 run={"x": object()})
+    assert read_plan(path).run == plan.run  # the file is untouched
+
+
 def test_missing_pyarrow_names_the_extra(x, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)

@@ -3,8 +3,9 @@
 Arrays in, arrays out; the samplers :class:`~hardbatch.samplers.ClusterBatchSampler` and
 :class:`~hardbatch.samplers.CommunityBatchSampler` compose them:
 
-* :func:`spherical_clusters`: item labels of spherical k-means, with faiss
-  (``faiss.Kmeans(spherical=True)``) when installed, else :func:`hardbatch.batching.gcbs.spherical_kmeans`;
+* :func:`spherical_clusters`: item labels of spherical k-means
+  (:func:`hardbatch.neighbors.kmeans.kmeans_labels`: faiss's ``faiss.Kmeans(spherical=True)``
+  when installed, else the torch :func:`~hardbatch.neighbors.kmeans.spherical_kmeans`);
   above 256 clusters in two levels (coarse cells, then clusters within each cell);
 * :func:`rank_graph`: the symmetric sparse graph of the kNN ranks ``first .. last - 1``;
 * :func:`community_labels`: B3's partition step: the graph of ranks ``skip + 1 .. skip +
@@ -26,7 +27,6 @@ Arrays in, arrays out; the samplers :class:`~hardbatch.samplers.ClusterBatchSamp
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import numpy as np
@@ -35,53 +35,19 @@ from scipy.sparse import csr_matrix
 
 from .. import _rng
 from .._validation import check_choice, check_int
-from .gcbs import spherical_kmeans
+from ..neighbors.kmeans import check_kmeans_backend, kmeans_labels
 from .metis_partition import check_imbalance, metis_output_caught, metis_parts, \
     require_metis
-from .pair_separation import pairs_in_batches, same_key_graph, separate_pairs
+from .pair_separation import pairs_in_batches, separate_pairs
 
 __all__ = ["cell_order", "community_cells", "community_labels", "group_order",
            "groups_per_batch", "pairs_in_batches", "rank_graph", "require_metis",
-           "same_key_graph", "separate_pairs", "spherical_clusters", "trimmed_order"]
+           "separate_pairs", "spherical_clusters", "trimmed_order"]
 
 FLAT_CLUSTERS = 256  # above: two-level k-means (coarse cells of about sqrt(k) clusters each)
-KMEANS_BACKENDS = ("auto", "faiss", "torch")
 PARTITIONERS = ("metis", "kmeans")
 EDGES = ("union", "mutual")  # ours; B3's authors' (spectral_clustering4_ibn.py)
 CELL_BATCHES = 2  # community_cells: cells of about 2 batches (what one noisy edge moves)
-
-
-def _faiss():
-    try:
-        return importlib.import_module("faiss")
-    except ImportError:
-        return None
-
-
-def _flat(x: torch.Tensor, k: int, seed: int, iters: int, backend: str,
-          one_thread: bool = False) -> np.ndarray:
-    """Labels of one spherical k-means with ``k <= len(x)`` clusters; ``one_thread``: faiss in
-    this thread only (small problems: OpenMP's threads cost 40x on a loaded 2-core CPU)."""
-    if k == 1:
-        return np.zeros(x.shape[0], np.int64)
-    faiss = _faiss() if backend != "torch" else None
-    if faiss is not None:
-        rows = np.ascontiguousarray(x.detach().cpu().numpy(), dtype=np.float32)
-        threads = faiss.omp_get_max_threads()
-        if one_thread:
-            faiss.omp_set_num_threads(1)  # OpenMP: the calling thread's setting
-        try:
-            km = faiss.Kmeans(rows.shape[1], k, niter=iters, spherical=True,
-                              seed=seed & 0x7FFFFFFF, max_points_per_centroid=64,
-                              min_points_per_centroid=1, verbose=False)
-            km.train(rows)
-            return km.index.search(rows, 1)[1][:, 0].astype(np.int64)
-        finally:
-            faiss.omp_set_num_threads(threads)
-    cent = spherical_kmeans(x, k, seed, iters)
-    step = max(1, (1 << 22) // k)
-    return torch.cat([(x[i:i + step].float() @ cent.T).argmax(1)
-                      for i in range(0, x.shape[0], step)]).cpu().numpy().astype(np.int64)
 
 
 def _apportion(counts: np.ndarray, k: int) -> np.ndarray:
@@ -107,8 +73,9 @@ def spherical_clusters(embeddings, k: int, *, seed: int = 0, iters: int = 10,
     """Spherical k-means labels of the rows of ``embeddings`` (cosine; rows normalised here).
 
     ``backend``: ``"faiss"`` (``faiss.Kmeans(spherical=True)``, trained on at most 64 rows per
-    centroid), ``"torch"`` (:func:`hardbatch.batching.gcbs.spherical_kmeans`, the same sample size) or
-    ``"auto"`` (faiss when installed; in the calling thread alone for small problems). Up to
+    centroid), ``"torch"`` (:func:`hardbatch.neighbors.kmeans.spherical_kmeans`, the same sample
+    size) or ``"auto"`` (faiss when installed; in the calling thread alone for small problems)
+    (:func:`hardbatch.neighbors.kmeans.kmeans_labels`). Up to
     256 clusters one k-means; beyond, ``ceil(sqrt(k))`` coarse cells, then each cell's share of
     the ``k`` clusters (proportional to its items) within it: ``O(N d sqrt(k))`` per iteration,
     not ``O(N d k)``. Deterministic for a seed and backend; a cluster may end up empty.
@@ -125,10 +92,7 @@ def spherical_clusters(embeddings, k: int, *, seed: int = 0, iters: int = 10,
         >>> labels.shape, len(set(zip(labels.tolist(), (torch.arange(40) % 4).tolist())))
         ((40,), 4)
     """
-    check_choice("backend", backend, KMEANS_BACKENDS)
-    if backend == "faiss" and _faiss() is None:
-        raise ImportError("backend='faiss' needs faiss; pip install 'hardbatch[faiss]' or use "
-                          "backend='torch'")
+    check_kmeans_backend(backend)
     x = torch.nn.functional.normalize(torch.as_tensor(embeddings).float(), dim=1)
     n = x.shape[0]
     k = check_int(k, "k", low=1, high=n)
@@ -137,9 +101,9 @@ def spherical_clusters(embeddings, k: int, *, seed: int = 0, iters: int = 10,
         return min(n, 64 * k) * k * x.shape[1] < 2**31
 
     if k <= FLAT_CLUSTERS:
-        return _flat(x, k, seed, iters, backend, small(k))
+        return kmeans_labels(x, k, seed, iters, backend, small(k))
     cells = math.ceil(math.sqrt(k))
-    coarse = _flat(x, cells, _rng.derive_seed(seed, 1), iters, backend, small(cells))
+    coarse = kmeans_labels(x, cells, _rng.derive_seed(seed, 1), iters, backend, small(cells))
     counts = np.bincount(coarse, minlength=cells)
     share = _apportion(counts, k)
     members = np.argsort(coarse, kind="stable")
@@ -149,8 +113,8 @@ def spherical_clusters(embeddings, k: int, *, seed: int = 0, iters: int = 10,
         rows = members[start:start + counts[cell]]
         start += counts[cell]
         if len(rows):
-            sub = _flat(x[torch.from_numpy(rows)], int(share[cell]),
-                        _rng.derive_seed(seed, 2, cell), iters, backend, one_thread=True)
+            sub = kmeans_labels(x[torch.from_numpy(rows)], int(share[cell]),
+                                _rng.derive_seed(seed, 2, cell), iters, backend, one_thread=True)
             labels[rows] = base + sub
             base += int(share[cell])
     return labels

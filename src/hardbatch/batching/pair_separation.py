@@ -1,9 +1,11 @@
 """Pairs of items kept out of one batch: the skipped top ranks of B3 and copies of one key.
 
-* :func:`same_key_graph`: the graph joining the items that share a key id;
 * :func:`separate_pairs`: moves one item of every pair of a sparse graph that shares a batch
   to another batch (within its block of batches first, so that a change in one block leaves
   the others' swaps alone); :func:`pairs_in_batches` counts such pairs.
+
+The pairs are a sparse graph: :func:`hardbatch.batching.communities.rank_graph` (B3's skipped
+ranks), :func:`hardbatch.keys.derive.same_key_graph` (items sharing a key).
 """
 
 from __future__ import annotations
@@ -13,30 +15,7 @@ import torch
 from numba import njit
 from scipy.sparse import csr_matrix
 
-__all__ = ["pairs_in_batches", "same_key_graph", "separate_pairs"]
-
-
-def same_key_graph(ids) -> csr_matrix:
-    """The symmetric 0/1 graph joining the items that share a key id (``-1``: a key of its
-    own), e.g. ``DuplicateKeys.ids``, to keep them apart with :func:`separate_pairs`.
-
-    Example:
-        >>> import numpy as np
-        >>> from hardbatch.batching.pair_separation import same_key_graph
-        >>> g = same_key_graph(np.array([0, -1, 0, 1, 1, 1]))
-        >>> g.nnz, sorted(g[3].indices.tolist())
-        (8, [4, 5])
-    """
-    ids = np.asarray(ids, np.int64)
-    n, keyed = ids.shape[0], np.flatnonzero(ids >= 0)
-    member = csr_matrix((np.ones(len(keyed), np.int32), (keyed, ids[keyed])),
-                        shape=(n, int(ids.max(initial=-1)) + 1))  # item x key incidence
-    g = (member @ member.T).tocoo()
-    off = g.row != g.col
-    g = csr_matrix((np.ones(int(off.sum()), np.int8), (g.row[off], g.col[off])), shape=(n, n))
-    g.sort_indices()
-    return g
-
+__all__ = ["pairs_in_batches", "separate_pairs"]
 
 
 @njit(cache=True)

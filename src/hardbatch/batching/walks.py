@@ -33,7 +33,8 @@ Duplicate keys (``key_ids``, or key sets ``key_sets``; samplers' ``duplicate_key
 holding a key already in the batch is never added; walks pass through it (an idle step) and
 fresh starts skip it, so the argument below holds with "items" read as "keys" (B distinct keys
 are required). With key sets, a fresh start that finds every item left in conflict takes one
-anyway (``WalkState.fallbacks``; ruled out by the samplers' check unless keys are dense).
+anyway (``WalkState.fallbacks``; ruled out by the samplers' check unless keys are dense). The
+key tests and marks are the kernels of :mod:`hardbatch.keys.membership`, inlined here.
 
 Each fresh start adds one item, so a batch needs at most B starts and every
 call terminates. Start nodes are taken from a per-epoch random order of the
@@ -57,6 +58,8 @@ from numba import njit
 from .. import _rng
 from .._rng import rand_below, rand_unit
 from .._validation import check_int, check_real, to_numpy_index_table
+from ..keys.encode import compact_key_ids
+from ..keys.membership import batch_keys, first_free, item_free, mark_keys
 
 WalkKind = Literal["rwr", "rw", "bfs", "dfs"]
 WALKS: dict[str, int] = {"rwr": 0, "rw": 1, "bfs": 2, "dfs": 3}
@@ -107,30 +110,12 @@ def _row_degrees(neighbors: np.ndarray) -> np.ndarray:
 
 
 @njit(inline="always", cache=True)
-def _free(v, stamp, sid, keys):
-    """Whether item ``v`` may join batch ``sid``: not in it, nor any of its keys (``keys``: the
-    CSR key_ptr, key_idx of each item's key ids, key_stamp, fallbacks)."""
-    if stamp[v] == sid:  # (an if: numba compiles `a and f()` into much slower code here)
-        return False
-    return _keys_free(v, sid, keys)
-
-
-@njit(inline="always", cache=True)
-def _keys_free(v, sid, keys):
-    for e in range(keys[0][v], keys[0][v + 1]):
-        if keys[2][keys[1][e]] == sid:
-            return False
-    return True
-
-
-@njit(inline="always", cache=True)
 def _take(v, b, count, out, stamp, sid, seen, keys):
     """Put item ``v`` at ``out[b, count]`` and mark it (and its keys) as in batch ``sid``."""
     out[b, count] = v
     stamp[v] = sid
     seen[v] = 1
-    for e in range(keys[0][v], keys[0][v + 1]):
-        keys[2][keys[1][e]] = sid
+    mark_keys(v, sid, keys)
 
 
 @njit(inline="always", cache=True)
@@ -144,17 +129,17 @@ def _fresh_start(seen, start_order, ptr, stamp, stamp_id, state, keys):
     ptr[0] = p
     while p < n:
         v = start_order[p]
-        if seen[v] == 0 and _free(v, stamp, stamp_id, keys):
+        if seen[v] == 0 and item_free(v, stamp, stamp_id, keys):
             return v
         p += 1
     for _ in range(64):
         v = rand_below(state, n)
-        if _free(v, stamp, stamp_id, keys):
+        if item_free(v, stamp, stamp_id, keys):
             return v
     off = rand_below(state, n)
     for i in range(n):
         v = (off + i) % n
-        if _free(v, stamp, stamp_id, keys):
+        if item_free(v, stamp, stamp_id, keys):
             return v
     for i in range(n):  # every item left conflicts with the batch (dense key sets only)
         v = (off + i) % n
@@ -177,7 +162,7 @@ def _reachable_new(neighbors, deg, root, stamp, sid, mark, mark_id, queue, keys)
         head += 1
         for j in range(deg[v]):
             w = neighbors[v, j]
-            if _free(w, stamp, sid, keys):
+            if item_free(w, stamp, sid, keys):
                 return True
             if mark[w] != mark_id:
                 mark[w] = mark_id
@@ -193,8 +178,9 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
     """Fill ``out[b]`` (b < len(seeds)) with one walk batch each; updates ``seen`` and ``ptr``.
 
     ``first[b] >= 0`` fixes the start node of batch b; -1 draws it. ``keys``: see
-    :func:`_free`; an item holding a key already in the batch is never added (the walk
-    passes through it) unless no other item is left (``fallbacks`` counts those).
+    :func:`hardbatch.keys.membership.batch_keys`; an item holding a key already in the batch
+    is never added (the walk passes through it) unless no other item is left (``fallbacks``
+    counts those).
     """
     state = np.empty(1, np.uint64)
     queue = np.empty(0, np.int64)
@@ -225,7 +211,7 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                         jump = True
                 else:
                     v = neighbors[v, rand_below(state, deg[v])]
-                if not jump and _free(v, stamp, sid, keys):
+                if not jump and item_free(v, stamp, sid, keys):
                     _take(v, b, count, out, stamp, sid, seen, keys)
                     count += 1
                     idle = 0
@@ -258,7 +244,7 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                     head += 1
                     for j in range(deg[v]):
                         w = neighbors[v, j]
-                        if _free(w, stamp, sid, keys):
+                        if item_free(w, stamp, sid, keys):
                             _take(w, b, count, out, stamp, sid, seen, keys)
                             count += 1
                             if count == batch_size:
@@ -284,7 +270,7 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                     while stack_pos[top] < d:
                         cand = neighbors[v, (stack_off[top] + stack_pos[top]) % d]
                         stack_pos[top] += 1
-                        if _free(cand, stamp, sid, keys):
+                        if item_free(cand, stamp, sid, keys):
                             w = cand
                             break
                     if w < 0:
@@ -296,27 +282,6 @@ def _walk_many(neighbors, deg, batch_size, kind, restarts, seeds, patience,
                 stack_pos[sp] = 0
                 stack_off[sp] = rand_below(state, deg[w]) if deg[w] > 0 else 0
                 sp += 1
-
-
-@njit(cache=True)
-def _key_free(anchor, candidates, count, keys, sid, out):
-    """``out[0] = anchor``, then the first candidates sharing no key with ``out``, until
-    ``count`` items; returns how many were placed."""
-    placed = 1
-    out[0] = anchor
-    for e in range(keys[0][anchor], keys[0][anchor + 1]):
-        keys[2][keys[1][e]] = sid
-    for c in range(candidates.shape[0]):
-        if placed == count:
-            break
-        v = candidates[c]
-        if not _keys_free(v, sid, keys):
-            continue
-        for e in range(keys[0][v], keys[0][v + 1]):
-            keys[2][keys[1][e]] = sid
-        out[placed] = v
-        placed += 1
-    return placed
 
 
 class WalkState:
@@ -346,12 +311,8 @@ class WalkState:
         self._stamp_next = 0
         self._mark = np.full(num_items, -1, np.int64)
         self._mark_next = np.zeros(1, np.int64)
-        if key_sets is None:  # one key id per item (-1: none) as a CSR of its key ids
-            ids = np.full(num_items, -1, np.int64) if key_ids is None else np.asarray(key_ids)
-            key_sets = (np.concatenate([[0], np.cumsum(ids >= 0)]), ids[ids >= 0])
-        ptr, idx = (np.ascontiguousarray(a, np.int64) for a in key_sets)
-        self.fallbacks = np.zeros(1, np.int64)  # items taken though they conflict (dense keys)
-        self.keys = (ptr, idx, np.full(int(idx.max(initial=0)) + 1, -1, np.int64), self.fallbacks)
+        self.keys = batch_keys(num_items, key_ids, key_sets)
+        self.fallbacks = self.keys[3]  # items taken though they conflict (dense keys)
 
     @property
     def coverage(self) -> float:
@@ -380,8 +341,8 @@ class WalkState:
         ``count`` items (fewer if the candidates run out; given all N - 1 other items, the
         nearest conflicting ones complete the batch, counted in ``fallbacks``)."""
         out = np.empty(count, np.int64)
-        placed = _key_free(anchor, np.ascontiguousarray(candidates, np.int64), count,
-                           self.keys, self._sid(), out)
+        placed = first_free(anchor, np.ascontiguousarray(candidates, np.int64), count,
+                            self.keys, self._sid(), out)
         if placed < count and len(candidates) >= self.num_items - 1:  # the rest all conflict
             rest = candidates[~np.isin(candidates, out[:placed])][:count - placed]
             out[placed:placed + len(rest)], placed = rest, placed + len(rest)
@@ -417,25 +378,6 @@ def prepare_graph(neighbors, num_items: int | None = None) -> tuple[np.ndarray, 
             f"neighbors row {int(bad[0])} is malformed: entries must be item ids in "
             f"[0, {table.shape[0]}) with -1 padding only at the end of a row")
     return table, deg
-
-
-def compact_key_ids(key_ids, num_items: int, batch_size: int) -> np.ndarray:
-    """Validated ``key_ids`` renumbered 0, 1, ... (-1 kept); ``ValueError`` for a wrong shape
-    or dtype, or fewer than ``batch_size`` distinct keys (a batch could not be filled)."""
-    ids = np.asarray(key_ids.cpu() if isinstance(key_ids, torch.Tensor) else key_ids)
-    if ids.shape != (num_items,) or not np.issubdtype(ids.dtype, np.integer) or (
-            ids.size and ids.min() < -1):
-        raise ValueError(f"key_ids must be {num_items} integers >= -1, one per item (-1: an "
-                         f"item without copies), got shape {ids.shape} and dtype {ids.dtype}")
-    keyed = ids >= 0
-    values, inverse = np.unique(ids[keyed], return_inverse=True)
-    out = np.full(num_items, -1, np.int64)
-    out[keyed] = inverse
-    classes = int((~keyed).sum()) + len(values)
-    if classes < batch_size:
-        raise ValueError(f"key_ids hold {classes} distinct keys, fewer than batch_size="
-                         f"{batch_size}; use batch_size <= {classes}")
-    return out
 
 
 def default_patience(num_neighbors: int) -> int:

@@ -1,8 +1,11 @@
 """Exact k-nearest-neighbour search by row blocks of inner products.
 
-The one implementation behind ``knn_graph(method="exact")`` (:class:`hardbatch.neighbors.knn_graph.KNNGraphPlan`)
+The one implementation behind ``knn_graph(method="exact")`` (:class:`hardbatch.neighbors.knn_graph.KNNGraphLayout`)
 and the exact parts of :mod:`hardbatch.neighbors.index_search` (the recall truth of a tuned index, the
-rows it leaves short, its exact fallback). Arrays in, arrays out; no logging.
+rows it leaves short, its exact fallback); :func:`item_neighbors` is the same search for one item
+by one matrix-vector product (the kNN sampler's anchor, once per batch; a vector product's bits
+may differ from those of a block's row, so it is a function of its own). Arrays in, arrays out;
+no logging.
 
 Two selections of the ``k`` largest similarities of each row of a block, the same neighbours:
 
@@ -35,7 +38,7 @@ import torch
 
 from .._device import matmul_fp32
 
-__all__ = ["exact_neighbors", "group_size", "grouped_topk"]
+__all__ = ["exact_neighbors", "group_size", "grouped_topk", "item_neighbors"]
 
 Selection = Literal["auto", "topk", "grouped"]
 _CANDIDATES = 1 << 22  # candidate columns sorted at once by a redo (bounds its memory)
@@ -86,6 +89,23 @@ def exact_neighbors(x: torch.Tensor, rows: torch.Tensor, k: int, block_rows: int
     if redo:
         _redo(x, rows, k, block_rows, group, out, torch.cat(redo))
     return out
+
+
+def item_neighbors(x: torch.Tensor, item: int, k: int) -> torch.Tensor:
+    """The ``k`` rows of ``x`` [N, d] with the largest inner product with row ``item``, the item
+    itself excluded: int64 [k] on ``x``'s device, by decreasing similarity (``torch.topk``; ties
+    as in the module docstring's ``"topk"``), from one product ``x @ x[item]``.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.neighbors.exact_search import item_neighbors
+        >>> x = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-1.0, -0.5]])
+        >>> item_neighbors(x, 0, 2).tolist()
+        [1, 2]
+    """
+    sims = x @ x[item]
+    sims[item] = -torch.inf
+    return sims.topk(k, sorted=True).indices
 
 
 def group_size(n: int, k: int) -> int:

@@ -2,9 +2,9 @@
 
 Methods of ``knn_graph(..., method=)`` (:data:`KNN_METHODS`):
 
-- ``"exact"``: blocked dense products with torch (:class:`hardbatch.neighbors.knn_graph.KNNGraphPlan`),
-  O(N^2 d); ``"faiss"`` the same with faiss ``IndexFlatIP``; ``"faiss-ivf"`` faiss
-  ``IndexIVFFlat`` with a fixed ``nprobe``.
+- ``"exact"``: blocked dense products with torch
+  (:class:`hardbatch.neighbors.knn_graph.KNNGraphLayout`), O(N^2 d); ``"faiss"`` the same with
+  faiss ``IndexFlatIP``; ``"faiss-ivf"`` faiss ``IndexIVFFlat`` with a fixed ``nprobe``.
 - ``"hnsw"``: an HNSW graph index (hnswlib; M = 16, ef_construction = 100), its search
   breadth ``ef`` tuned as below.
 - ``"auto"`` (the default): ``"exact"`` up to :data:`AUTO_EXACT_MAX_ITEMS` items, on a GPU and
@@ -42,9 +42,9 @@ from .._logging import BuildLog, get_logger, progress_bar
 from .._validation import check_int, embedding_tensor
 from .exact_search import exact_neighbors
 
-__all__ = ["AUTO_EXACT_MAX_ITEMS", "AUTO_SAMPLER_MIN_STEPS", "INDEX_KINDS", "KNN_METHODS",
-           "NeighborIndex", "RECALL_MARGIN", "RECALL_TARGET", "SAMPLER_METHODS",
-           "index_knn_graph", "resolve_knn_method", "sampler_index_kind"]
+__all__ = ["AUTO_EXACT_MAX_ITEMS", "INDEX_KINDS", "KNN_METHODS", "NeighborIndex",
+           "RECALL_MARGIN", "RECALL_TARGET", "import_index_library", "index_knn_graph",
+           "resolve_knn_method"]
 
 _LOG = get_logger("neighbors")
 
@@ -53,10 +53,6 @@ INDEX_KINDS = ("ivf", "hnsw")
 #: ``method="auto"`` is exact up to this many items (bench_knn_index.py --switch, K = 100: the
 #: tuned IVF was slower than exact at 40k items and 2-5x faster at 100k, d = 128 and 384).
 AUTO_EXACT_MAX_ITEMS = 50_000
-#: KNNBatchSampler(method="auto") indexes a snapshot only if it serves at least this many steps:
-#: an IVF build costs about as much as 500 exact per-batch products (bench_knn_index.py --sampler).
-AUTO_SAMPLER_MIN_STEPS = 500
-SAMPLER_METHODS = ("auto", "exact", "faiss-ivf", "hnsw")
 RECALL_TARGET = 0.95
 RECALL_MARGIN = 0.005  # the sample estimate must reach 0.955: its standard error is ~0.003
 TUNE_ROWS = 512
@@ -64,7 +60,15 @@ _EXTRA = "pip install 'hardbatch[ann]'"
 _WARNED: set[str] = set()
 
 
-def _import(kind: str):
+def import_index_library(kind: str):
+    """The module behind index ``kind``: faiss (``"ivf"``) or hnswlib (``"hnsw"``);
+    ``ImportError`` naming the extra to install when it is missing.
+
+    Example:
+        >>> from hardbatch.neighbors.index_search import import_index_library
+        >>> import_index_library("ivf").__name__  # faiss installed
+        'faiss'
+    """
     name = "faiss" if kind == "ivf" else "hnswlib"
     try:
         return __import__(name)
@@ -104,7 +108,7 @@ def resolve_knn_method(method: str, num_items: int, device: torch.device | None 
     if num_items <= AUTO_EXACT_MAX_ITEMS or not on_cpu or precision != "fp32" or ranks > 1:
         return "exact"
     try:
-        _import("ivf")
+        import_index_library("ivf")
     except ImportError:
         if "ivf" not in _WARNED:
             _WARNED.add("ivf")
@@ -112,36 +116,6 @@ def resolve_knn_method(method: str, num_items: int, device: torch.device | None 
                          "approximate index needs faiss (%s)", num_items, _EXTRA)
         return "exact"
     return "auto-ivf"
-
-
-def sampler_index_kind(method: str, num_items: int, refresh_every: int | None,
-                       device: torch.device | None = None, world_size: int = 1) -> str | None:
-    """The index of :class:`hardbatch.KNNBatchSampler`'s ``method``: None (an exact product
-    per batch), ``"ivf"`` or ``"hnsw"``.
-
-    ``"auto"`` picks the IVF only on the CPU, in one process (ranks on other machines could
-    build other indexes, hence other batches), above :data:`AUTO_EXACT_MAX_ITEMS` items and
-    when a snapshot serves at least :data:`AUTO_SAMPLER_MIN_STEPS` steps (``refresh_every``
-    None or that large); ``ValueError`` for a name outside :data:`SAMPLER_METHODS`,
-    ``ImportError`` naming the extra for a missing index package.
-
-    Example:
-        >>> from hardbatch.neighbors.index_search import sampler_index_kind
-        >>> sampler_index_kind("auto", 300, None), sampler_index_kind("auto", 10**6, 100)
-        (None, None)
-        >>> sampler_index_kind("faiss-ivf", 300, 100)
-        'ivf'
-    """
-    if not isinstance(method, str) or method not in SAMPLER_METHODS:
-        raise ValueError(f"method={method!r} must be one of {list(SAMPLER_METHODS)}")
-    if method in ("faiss-ivf", "hnsw"):
-        kind = "ivf" if method == "faiss-ivf" else "hnsw"
-        _import(kind)
-        return kind
-    serves = refresh_every is None or refresh_every >= AUTO_SAMPLER_MIN_STEPS
-    if method == "exact" or world_size > 1 or not serves:
-        return None
-    return "ivf" if resolve_knn_method(method, num_items, device) == "auto-ivf" else None
 
 
 def _recall(approx: np.ndarray, exact: np.ndarray) -> float:
@@ -186,7 +160,7 @@ class NeighborIndex:
                  check_finite: bool = True) -> None:
         if kind not in INDEX_KINDS:
             raise ValueError(f"kind={kind!r} must be one of {list(INDEX_KINDS)}")
-        lib = _import(kind)
+        lib = import_index_library(kind)
         self.x = embedding_tensor(x, finite=check_finite).cpu().numpy()
         n, d = self.x.shape
         self.kind, self.seed, self.num_items, self.dim = kind, int(seed), n, d

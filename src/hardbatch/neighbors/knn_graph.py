@@ -17,8 +17,10 @@ kernel, so every device sees the same candidates. ``precision="bf16" | "fp16"`` 
 embeddings in half precision and multiplies them with fp32 accumulation (on CUDA the product is
 returned in fp32 via ``out_dtype``; elsewhere the half result is widened), halving memory traffic;
 neighbours may then differ from the fp32 graph in near-ties. Work is cut into blocks of whole
-groups (rows for :func:`knn_graph`); :mod:`hardbatch.distributed` hands each rank a contiguous
-range of blocks and all-gathers the rows, which reproduces the single-process graph exactly. The
+groups (rows for :func:`knn_graph`); the sharded builds (:func:`sharded_knn_graph`,
+:func:`~hardbatch.neighbors.proximity_graph.sharded_proximity_graph`) hand each rank of a
+torch.distributed group a contiguous range of blocks and all-gather the rows, which reproduces
+the single-process graph exactly. The
 embeddings may be a tensor on any device: they are checked there and never leave it (a CUDA tensor
 is not copied to the host, only the neighbour table is).
 """
@@ -34,15 +36,16 @@ from .. import _rng
 from .._device import Precision, block_elements, check_precision, resolve_device
 from .._logging import NO_BAR, BuildLog, get_logger, progress_bar
 from .._validation import check_int, embedding_tensor
+from ..distributed import all_gather_rows, rank_share
 from .exact_search import exact_neighbors
 from .index_search import index_knn_graph, resolve_knn_method
-from .proximity_graph import ProximityGraphPlan, proximity_graph
+from .proximity_graph import ProximityGraphLayout, proximity_graph, sharded_proximity_graph
 from .proximity_pools import (candidate_pools, check_graph_sizes, check_group_size,
                               default_group_size, pool_design)
 
-__all__ = ["KNNGraphPlan", "ProximityGraphPlan", "candidate_pools", "check_graph_sizes",
+__all__ = ["KNNGraphLayout", "ProximityGraphLayout", "candidate_pools", "check_graph_sizes",
            "check_group_size", "default_group_size", "knn_graph", "pool_design",
-           "proximity_graph"]
+           "proximity_graph", "sharded_knn_graph", "sharded_proximity_graph"]
 
 _LOG = get_logger("neighbors")
 
@@ -50,13 +53,15 @@ _LOG = get_logger("neighbors")
 _KNN_METHODS = ("exact", "faiss", "faiss-ivf")
 
 
-class KNNGraphPlan:
-    """Validated inputs and row blocks of one kNN-graph build (see :class:`ProximityGraphPlan`).
+class KNNGraphLayout:
+    """Validated inputs and row blocks of one kNN-graph build (see
+    :class:`ProximityGraphLayout`): :func:`knn_graph` runs all blocks, :func:`sharded_knn_graph`
+    one contiguous range per rank.
 
     Example:
-        >>> from hardbatch.neighbors.knn_graph import KNNGraphPlan
-        >>> plan = KNNGraphPlan(np.eye(40, 8) + 0.1, 5, "exact", None, "fp32", None, 16, 0)
-        >>> plan.rows(0, plan.num_blocks).shape
+        >>> from hardbatch.neighbors.knn_graph import KNNGraphLayout
+        >>> layout = KNNGraphLayout(np.eye(40, 8) + 0.1, 5, "exact", None, "fp32", None, 16, 0)
+        >>> layout.rows(0, layout.num_blocks).shape
         torch.Size([40, 5])
     """
 
@@ -171,10 +176,37 @@ def knn_graph(embeddings: torch.Tensor | np.ndarray, neighbors: int = 100, *,
         return index_knn_graph(x, neighbors, method, seed=seed, nlist=nlist, progress=progress,
                                check_finite=False)  # x is checked above
     with BuildLog(_LOG, "knn_graph", method=method) as log:
-        plan = KNNGraphPlan(x, neighbors, method, device, precision, nlist, nprobe, seed)
-        log.set(n=plan.num_items, d=plan.x.shape[1], neighbors=plan.neighbors)
-        bar = progress_bar(plan.num_blocks, f"kNN graph ({method})", progress)
-        out = plan.rows(0, plan.num_blocks, bar)
+        layout = KNNGraphLayout(x, neighbors, method, device, precision, nlist, nprobe, seed)
+        log.set(n=layout.num_items, d=layout.x.shape[1], neighbors=layout.neighbors)
+        bar = progress_bar(layout.num_blocks, f"kNN graph ({method})", progress)
+        out = layout.rows(0, layout.num_blocks, bar)
         bar.close()
-        log.hold(out.nbytes, plan.block_bytes)
+        log.hold(out.nbytes, layout.block_bytes)
         return out
+
+
+def sharded_knn_graph(embeddings: torch.Tensor | np.ndarray, neighbors: int = 100, *,
+                      method: Literal["exact", "faiss", "faiss-ivf"] = "exact",
+                      device: str | torch.device | None = None, precision: Precision = "fp32",
+                      nlist: int | None = None, nprobe: int = 16, seed: int = 0,
+                      group=None) -> torch.Tensor:
+    """:func:`knn_graph`, its rows built in contiguous row blocks shared by the ranks of the
+    process ``group`` (None: the default group; one process: the plain build) and
+    all-gathered: every rank returns the same [N, K] graph as one process would.
+
+    Every rank must call it with the same embeddings and arguments. ``method`` is a build of
+    :class:`KNNGraphLayout` (default ``"exact"``: the route whose only cross-machine
+    differences are near-ties, :mod:`hardbatch.neighbors.index_search`).
+
+    Example:
+        >>> import torch
+        >>> from hardbatch import knn_graph
+        >>> from hardbatch.neighbors.knn_graph import sharded_knn_graph
+        >>> x = torch.randn(40, 8)
+        >>> torch.equal(sharded_knn_graph(x, 5), knn_graph(x, 5))  # one process: the same
+        True
+    """
+    layout = KNNGraphLayout(embeddings, neighbors, method, device, precision, nlist, nprobe,
+                            seed)
+    start, end = rank_share(layout.num_blocks, group)
+    return all_gather_rows(layout.rows(start, end), group)

@@ -1,4 +1,4 @@
-"""The proximity graph (BatchSampler eq. 3): block layout and build.
+"""The proximity graph (BatchSampler eq. 3): block layout and build, in one process or sharded.
 
 :func:`proximity_graph` returns an int64 neighbour table [N, K] whose row ``i`` lists the K chosen
 neighbours of item ``i`` by decreasing inner product (ties ordered as ``torch.topk`` orders them),
@@ -26,7 +26,7 @@ As for every graph of :mod:`hardbatch.neighbors.knn_graph`. Specific to this bui
 the CPU by one seeded kernel whatever ``device`` is, so every device compares the same
 candidates; a block holds whole groups, bounded so that its similarities and its gathered
 candidate rows each stay under ~4M floats on the CPU (~64M on CUDA); the ranks of
-:mod:`hardbatch.distributed` build contiguous ranges of blocks and reproduce the
+:func:`sharded_proximity_graph` build contiguous ranges of blocks and reproduce the
 single-process graph; half precision (``precision="bf16" | "fp16"``) may change neighbours
 in near-ties.
 """
@@ -44,9 +44,10 @@ from .._device import Precision, block_elements, check_precision, matmul_fp32, r
 from .._logging import NO_BAR, BuildLog, get_logger, progress_bar
 from .._sorted import insert_descending
 from .._validation import check_int, embedding_tensor
+from ..distributed import all_gather_rows, rank_share
 from .proximity_pools import check_graph_sizes, check_group_size, default_group_size, pool_design
 
-__all__ = ["ProximityGraphPlan", "proximity_graph"]
+__all__ = ["ProximityGraphLayout", "proximity_graph", "sharded_proximity_graph"]
 
 _LOG = get_logger("neighbors")
 
@@ -174,19 +175,18 @@ def _gather_pools(grouped, emb, s, e, offsets, g, redrawn, pools, cand):
         cand[a - s, f - a * m] = emb[pools[a, f - a * m]]
 
 
-class ProximityGraphPlan:
+class ProximityGraphLayout:
     """Validated inputs, candidate pools and block layout of one proximity-graph build.
 
-    Shared by :func:`proximity_graph` (all blocks) and
-    :func:`hardbatch.distributed.proximity_graph` (one contiguous range of
-    blocks per rank): both run :meth:`rows` on the same blocks, so the sharded
-    graph equals the single-process one.
+    Shared by :func:`proximity_graph` (all blocks) and :func:`sharded_proximity_graph` (one
+    contiguous range of blocks per rank): both run :meth:`rows` on the same blocks, so the
+    sharded graph equals the single-process one.
 
     Example:
         >>> import torch
-        >>> from hardbatch.neighbors.knn_graph import ProximityGraphPlan
-        >>> plan = ProximityGraphPlan(torch.randn(40, 8), 20, 5, 0, None, None, "fp32")
-        >>> plan.rows(0, plan.num_blocks).shape
+        >>> from hardbatch.neighbors.proximity_graph import ProximityGraphLayout
+        >>> layout = ProximityGraphLayout(torch.randn(40, 8), 20, 5, 0, None, None, "fp32")
+        >>> layout.rows(0, layout.num_blocks).shape
         torch.Size([40, 5])
     """
 
@@ -381,14 +381,48 @@ def proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 100
         (torch.Size([40, 5]), True)
     """
     with BuildLog(_LOG, "proximity_graph", method="proximity") as log:
-        plan = ProximityGraphPlan(embeddings, candidates, neighbors, seed, group_size, device,
-                                  precision)
-        log.set(n=plan.num_items, d=plan.x.shape[1], candidates=plan.candidates,
-                neighbors=plan.neighbors, group_size=plan.g)
-        bar = progress_bar(plan.num_blocks, "proximity graph", progress)
-        out = plan.rows(0, plan.num_blocks, out=torch.empty((plan.num_items, plan.neighbors),
-                                                            dtype=torch.int64), bar=bar)
+        layout = ProximityGraphLayout(embeddings, candidates, neighbors, seed, group_size, device,
+                                      precision)
+        log.set(n=layout.num_items, d=layout.x.shape[1], candidates=layout.candidates,
+                neighbors=layout.neighbors, group_size=layout.g)
+        bar = progress_bar(layout.num_blocks, "proximity graph", progress)
+        out = layout.rows(0, layout.num_blocks, bar=bar, out=torch.empty(
+            (layout.num_items, layout.neighbors), dtype=torch.int64))
         bar.close()
-        grouped = plan.members.numel() * plan.x.shape[1] * plan.x.element_size()
-        log.hold(out.nbytes, plan.pools.nbytes, plan.members.nbytes, grouped, plan.block_bytes)
+        grouped = layout.members.numel() * layout.x.shape[1] * layout.x.element_size()
+        log.hold(out.nbytes, layout.pools.nbytes, layout.members.nbytes, grouped,
+                 layout.block_bytes)
         return out
+
+
+def sharded_proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 1000,
+                            neighbors: int = 100, seed: int = 0, *,
+                            group_size: int | None = None,
+                            device: str | torch.device | None = None,
+                            precision: Precision = "fp32", group=None) -> torch.Tensor:
+    """:func:`proximity_graph`, built by all ranks of the process ``group`` together (None:
+    the default group; one process: the plain build).
+
+    Every rank must call it with the same embeddings and arguments (as after
+    :func:`hardbatch.distributed.sync_bank_update`). Rank r builds the rows of blocks
+    ``[r*nb/W, (r+1)*nb/W)`` of the block layout (whole groups sharing a candidate pool,
+    BatchSampler eq. 3) on its ``device``; the rows are all-gathered, so every rank returns the
+    full [N, K] graph, identical to the single-process one.
+
+    Memory per rank: the pool table N*M/g int32 (g items share a pool; 100 MB at N = 1.28M,
+    M = 1000, g = 50), the embeddings N*d, one block, and the full [N, K] int64 graph after the
+    gather (the walks need all of it), plus a receive buffer of W * max-rows-per-rank * K.
+
+    Example:
+        >>> import torch
+        >>> import hardbatch as hb
+        >>> from hardbatch.neighbors.proximity_graph import sharded_proximity_graph
+        >>> x = torch.randn(40, 8)
+        >>> graph = sharded_proximity_graph(x, candidates=20, neighbors=5, seed=0)
+        >>> graph.shape, torch.equal(graph, hb.proximity_graph(x, 20, 5, seed=0))  # one process
+        (torch.Size([40, 5]), True)
+    """
+    layout = ProximityGraphLayout(embeddings, candidates, neighbors, seed, group_size, device,
+                                  precision)
+    start, end = rank_share(layout.num_blocks, group)
+    return layout.assemble(all_gather_rows(layout.rows(start, end), group))

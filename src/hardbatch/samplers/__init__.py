@@ -16,13 +16,14 @@ from embeddings, by way of the :class:`Builder` protocol). Modules:
   its refresh policy); ``walk_sampler``: :class:`WalkSampler`, batches grown from start items
   (proximity graph, kNN); ``partition_sampler``: :class:`PartitionSampler`, an epoch cut into
   batches (GCBS, cluster, community);
-* ``duplicates``: ``duplicate_keys`` (items with equal keys never share a batch): encoding,
-  feasibility checks and the repair of partitions; ``conflicts``: key sets (items conflict
-  when their sets meet: no text of a row twice in a batch), as pure array functions;
-* ``single_source``: :class:`SingleSourceBatchSampler`, a composite drawing each batch from
-  one of several sources (by size, temperature or weights) with any sampler inside;
-* one module per sampler: ``uniform``, ``proximity``, ``knn``, ``gcbs_sampler``, ``cluster``
-  (TAS-B), ``community`` (B3).
+* ``single_source_sampler``: :class:`SingleSourceBatchSampler`, a composite drawing each
+  batch from one of several sources (by size, temperature or weights) with any sampler inside;
+* one module per sampler, named after it: ``uniform_sampler``, ``proximity_sampler``,
+  ``knn_sampler``, ``gcbs_sampler``, ``cluster_sampler`` (TAS-B), ``community_sampler`` (B3).
+
+What the samplers compute with lives beside them, as pure functions: neighbour search in
+:mod:`hardbatch.neighbors`, batch construction (walks, GCBS, communities) in
+:mod:`hardbatch.batching`, duplicate keys and key sets in :mod:`hardbatch.keys`.
 
 Inheritance: ``torch.utils.data.Sampler`` > ``PlanSampler`` > ``UniformBatchSampler`` |
 ``EmbeddingSampler`` > (``WalkSampler`` > ``ProximityGraphSampler`` | ``KNNBatchSampler``) |

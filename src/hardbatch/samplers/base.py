@@ -31,7 +31,7 @@ Every sampler of :mod:`hardbatch.samplers` is a :class:`PlanSampler`:
   and rank r takes slice r of it (a short last batch is split as evenly as possible;
   one of fewer than W items is topped up from the epoch's first batch).
 * ``duplicate_keys``: items with equal keys never share a plan batch
-  (:mod:`hardbatch.keys.duplicates`).
+  (:mod:`hardbatch.keys`).
 * Bad input raises ``ValueError`` naming the parameter and the fix.
 
 This module holds the plan and its checkpoints only; the thread of ``prefetch`` is a composed
@@ -52,7 +52,8 @@ from torch.utils.data import Sampler
 from .._integrity import INTEGRITY_KEY, digest, seal, verify
 from .._validation import check_int
 from ..data import warn_if_loader_items_lack_index
-from ..keys.duplicates import DuplicateKeys, check_partition_keys, check_walk_keys, encode_keys
+from ..keys.encode import DuplicateKeys, encode_keys
+from ..keys.feasibility import check_partition_keys, check_walk_keys
 from .prefetch import PrefetchThread, Step
 
 LOOKBACK = 1024  # steps kept so that state_dict(consumed=...) can rewind a prefetching loader

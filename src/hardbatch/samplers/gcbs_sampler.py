@@ -8,14 +8,13 @@ import numpy as np
 import torch
 
 from .. import _rng
-from .. import distributed as hbdist
 from .._device import check_precision, resolve_device
 from .._logging import show_progress
 from .._validation import check_int, check_real
 from ..embeddings import EmbeddingSource, source_num_items
 from ..batching.gcbs import check_min_partners, check_search_args, default_interleave, gcbs_permutation, \
-    interleave_chunks, resolve_method
-from ..keys.duplicates import separate_keys
+    interleave_chunks, resolve_method, sharded_gcbs_permutation
+from ..keys.repair import separate_keys
 from .options import GCBSOptions, take_options
 from .partition_sampler import PartitionSampler
 
@@ -60,7 +59,7 @@ class GCBSSampler(PartitionSampler):
             (default 0: read at the start of the epoch; 1 with ``background``, which builds it
             in a worker thread while epoch e finishes, with the same batches); ``distributed``
             shares the pair search across the ranks
-            (:func:`hardbatch.distributed.gcbs_permutation`, the same order as one process);
+            (:func:`hardbatch.batching.gcbs.sharded_gcbs_permutation`, the same order as one process);
             ``drop_last`` drops N mod B items each epoch, a seeded random choice of positions
             of the order (its tail holds the items without any strong pair); ``global_batch``:
             one slice of ``world_size * batch_size`` items per step; ``duplicate_keys``: a
@@ -134,7 +133,7 @@ class GCBSSampler(PartitionSampler):
         """Epoch ``epoch``'s item order and batch order, from embeddings ``x`` (a pair
         ``(x, y)`` with ``paired``; rows are normalised by the order's build)."""
         x, y = x if self.paired is not None else (x, None)
-        build = hbdist.gcbs_permutation if self.distributed else gcbs_permutation
+        build = sharded_gcbs_permutation if self.distributed else gcbs_permutation
         kw = {"group": group} if self.distributed else {"progress": self.progress}
         perm = build(x, self.quantile, y, method=self.method, min_partners=self.min_partners,
                      seed=_rng.derive_seed(self.seed, epoch) & 0x7FFFFFFF,

@@ -1,4 +1,10 @@
-"""The kNN sampler (BatchSampler's baseline): an anchor plus its B-1 nearest neighbours."""
+"""The kNN sampler (BatchSampler's baseline): an anchor plus its B-1 nearest neighbours.
+
+The sampler's policy lives here too: which index, if any, a snapshot gets
+(:func:`sampler_index_kind`); the searches themselves are :mod:`hardbatch.neighbors`' (the
+anchor's exact nearest rows, :func:`~hardbatch.neighbors.exact_search.item_neighbors`; an
+index's, :class:`~hardbatch.neighbors.index_search.NeighborIndex`).
+"""
 
 from __future__ import annotations
 
@@ -10,13 +16,52 @@ import torch
 from .._device import resolve_device
 from .._validation import embedding_tensor
 from ..embeddings import EmbeddingSource
+from ..neighbors.exact_search import item_neighbors
 from ..neighbors.index_search import (RECALL_MARGIN, RECALL_TARGET, NeighborIndex,
-                              sampler_index_kind)
+                                      import_index_library, resolve_knn_method)
 from .options import KNNOptions, take_options
 from .walk_sampler import WalkSampler
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+__all__ = ["AUTO_SAMPLER_MIN_STEPS", "KNNBatchSampler", "SAMPLER_METHODS", "sampler_index_kind"]
+
+#: KNNBatchSampler(method="auto") indexes a snapshot only if it serves at least this many steps:
+#: an IVF build costs about as much as 500 exact per-batch products (bench_knn_index.py --sampler).
+AUTO_SAMPLER_MIN_STEPS = 500
+SAMPLER_METHODS = ("auto", "exact", "faiss-ivf", "hnsw")
+
+
+def sampler_index_kind(method: str, num_items: int, refresh_every: int | None,
+                       device: torch.device | None = None, world_size: int = 1) -> str | None:
+    """The index of :class:`KNNBatchSampler`'s ``method``: None (an exact product per batch),
+    ``"ivf"`` or ``"hnsw"``.
+
+    ``"auto"`` picks the IVF only on the CPU, in one process (ranks on other machines could
+    build other indexes, hence other batches), above
+    :data:`~hardbatch.neighbors.index_search.AUTO_EXACT_MAX_ITEMS` items and when a snapshot
+    serves at least :data:`AUTO_SAMPLER_MIN_STEPS` steps (``refresh_every`` None or that
+    large); ``ValueError`` for a name outside :data:`SAMPLER_METHODS`, ``ImportError`` naming
+    the extra for a missing index package.
+
+    Example:
+        >>> from hardbatch.samplers.knn_sampler import sampler_index_kind
+        >>> sampler_index_kind("auto", 300, None), sampler_index_kind("auto", 10**6, 100)
+        (None, None)
+        >>> sampler_index_kind("faiss-ivf", 300, 100)
+        'ivf'
+    """
+    if not isinstance(method, str) or method not in SAMPLER_METHODS:
+        raise ValueError(f"method={method!r} must be one of {list(SAMPLER_METHODS)}")
+    if method in ("faiss-ivf", "hnsw"):
+        kind = "ivf" if method == "faiss-ivf" else "hnsw"
+        import_index_library(kind)
+        return kind
+    serves = refresh_every is None or refresh_every >= AUTO_SAMPLER_MIN_STEPS
+    if method == "exact" or world_size > 1 or not serves:
+        return None
+    return "ivf" if resolve_knn_method(method, num_items, device) == "auto-ivf" else None
 
 
 class KNNBatchSampler(WalkSampler):
@@ -36,7 +81,8 @@ class KNNBatchSampler(WalkSampler):
             each snapshot, :class:`~hardbatch.neighbors.index_search.NeighborIndex`, tuned to
             recall@(B-1) >= 0.95; one query per batch) or ``"auto"`` (default): an IVF index
             only where it pays for its build (CPU, one process, N above 50,000 and
-            ``refresh_every`` None or at least 500 steps), else exact.
+            ``refresh_every`` None or at least 500 steps; :func:`sampler_index_kind`), else
+            exact.
         **options: the shared options (:mod:`hardbatch.samplers.options`) but
             ``background``, ``distributed``, ``process_group``, ``precision`` and ``progress``
             (a snapshot is a copy, made in one process). Here: ``device`` is where the
@@ -114,9 +160,7 @@ class KNNBatchSampler(WalkSampler):
             if k < self.num_items - 1:
                 return index.neighbors_of(np.array([anchor]), k)[0]
             structure = snapshot
-        sims = structure @ structure[anchor]
-        sims[anchor] = -torch.inf
-        return sims.topk(k, sorted=True).indices.cpu().numpy()
+        return item_neighbors(structure, anchor, k).cpu().numpy()
 
     def draw(self, structure: torch.Tensor, index: int, seed: int,
              start: int | None = None) -> np.ndarray:

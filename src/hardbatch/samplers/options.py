@@ -16,7 +16,7 @@ option             default    meaning
 ``global_batch``   False      each step is ONE plan batch of ``world_size * batch_size`` items,
                               rank r taking slice r of it
 ``duplicate_keys`` None       N hashable keys (or key sets); items whose keys meet never share a
-                              batch (:mod:`hardbatch.keys.duplicates`)
+                              batch (:mod:`hardbatch.keys`)
 ``prefetch``       0          plan up to this many steps ahead in a thread (same batches)
 ``normalize``      True       L2-normalise the embeddings read (cosine similarity)
 ``refresh_lag``    None       steps between a snapshot of the embeddings and the use of the

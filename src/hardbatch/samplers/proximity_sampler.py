@@ -8,12 +8,12 @@ import numpy as np
 import torch
 
 from .. import _rng
-from .. import distributed as hbdist
 from .._device import check_precision, resolve_device
 from .._logging import show_progress
 from .._validation import check_int
 from ..embeddings import EmbeddingSource
 from ..neighbors.knn_graph import check_graph_sizes, check_group_size, knn_graph, proximity_graph
+from ..neighbors.knn_graph import sharded_knn_graph, sharded_proximity_graph
 from ..schedules import LinearDecay
 from ..batching.walks import WALKS, check_restart, default_patience, prepare_graph
 from .options import ProximityOptions, take_options
@@ -152,10 +152,10 @@ class ProximityGraphSampler(WalkSampler):
                 graph = proximity_graph(x, self.candidates, self.neighbors, seed,
                                         group_size=self.group_size, progress=self.progress, **kw)
         elif self.graph_kind == "knn":
-            graph = hbdist.knn_graph(x, self.neighbors, group=group, **kw)
+            graph = sharded_knn_graph(x, self.neighbors, group=group, **kw)
         else:
-            graph = hbdist.proximity_graph(x, self.candidates, self.neighbors, seed,
-                                           group_size=self.group_size, group=group, **kw)
+            graph = sharded_proximity_graph(x, self.candidates, self.neighbors, seed,
+                                            group_size=self.group_size, group=group, **kw)
         return prepare_graph(graph, self.num_items)
 
     def restart_at(self, epoch: int, index: int) -> float:

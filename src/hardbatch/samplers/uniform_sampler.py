@@ -9,7 +9,7 @@ import numpy as np
 from .. import _rng
 from .._validation import num_items_of
 from .base import PlanSampler
-from ..keys.duplicates import separate_keys
+from ..keys.repair import separate_keys
 from .options import PlanOptions, take_options
 
 if TYPE_CHECKING:

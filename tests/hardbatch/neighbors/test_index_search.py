@@ -202,12 +202,3 @@ def test_knn_sampler_with_an_index(data):
         resumed = hb.KNNBatchSampler(x, 16, refresh_every=None, seed=0, method=method)
         resumed.load_state_dict(state)
         assert list(resumed) == list(again)
-
-
-def test_sampler_auto_index_rule(monkeypatch):
-    kind = ni.sampler_index_kind
-    n = ni.AUTO_EXACT_MAX_ITEMS + 1
-    assert kind("auto", n, None) == "ivf" and kind("auto", n, ni.AUTO_SAMPLER_MIN_STEPS) == "ivf"
-    assert kind("auto", n, 100) is None  # a snapshot of 100 steps: exact products
-    assert kind("auto", n, None, world_size=2) is None
-    assert kind("auto", n - 1, None) is None and kind("exact", n, None) is None

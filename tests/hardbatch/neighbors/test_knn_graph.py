@@ -220,7 +220,7 @@ def test_blocks_bound_gathered_candidates_and_do_not_change_the_graph(rng, monke
     import hardbatch._device as hbdevice
     import hardbatch.neighbors.knn_graph as hbgraph
     from hardbatch._device import shard_range
-    from hardbatch.neighbors.knn_graph import ProximityGraphPlan
+    from hardbatch.neighbors.knn_graph import ProximityGraphLayout
 
     x = unit_rows(rng, 400, d)
     m, k = 60, 7
@@ -228,37 +228,37 @@ def test_blocks_bound_gathered_candidates_and_do_not_change_the_graph(rng, monke
     ref = dense_topk_reference(x, members, pools.astype(np.int64), k)
     for elements in (1 << 22, 6000, 2000, 1):
         monkeypatch.setattr(hbdevice, "BLOCK_ELEMENTS_CPU", elements)
-        plan = ProximityGraphPlan(x, m, k, 5, group_size, None, "fp32")
-        if plan.per_block > 1:  # similarities and gathered candidate floats both bounded
-            assert plan.per_block * plan.g * m <= elements
-            assert plan.per_block * m * d <= elements
+        layout = ProximityGraphLayout(x, m, k, 5, group_size, None, "fp32")
+        if layout.per_block > 1:  # similarities and gathered candidate floats both bounded
+            assert layout.per_block * layout.g * m <= elements
+            assert layout.per_block * m * d <= elements
         np.testing.assert_array_equal(hb.proximity_graph(x, m, k, seed=5,
                                                          group_size=group_size).numpy(), ref)
-        # the sharded build (hardbatch.distributed) cuts the same blocks into rank ranges
+        # the sharded build (sharded_proximity_graph) cuts the same blocks into rank ranges
         for world in (2, 3):
-            rows = torch.cat([plan.rows(*shard_range(plan.num_blocks, r, world))
+            rows = torch.cat([layout.rows(*shard_range(layout.num_blocks, r, world))
                               for r in range(world)])
-            np.testing.assert_array_equal(plan.assemble(rows).numpy(), ref)
+            np.testing.assert_array_equal(layout.assemble(rows).numpy(), ref)
 
 
 def test_wide_embeddings_are_gathered_in_small_blocks():
-    from hardbatch.neighbors.knn_graph import ProximityGraphPlan
+    from hardbatch.neighbors.knn_graph import ProximityGraphLayout
 
     # N=3000, M=1000, d=128, g=1: the candidates of one block were 1.9 GB of floats.
     x = np.zeros((3000, 128), np.float32)
     x[:, 0] = 1
-    plan = ProximityGraphPlan(x, 1000, 10, 0, 1, None, "fp32")
-    assert plan.per_block * 1000 * 128 * 4 <= 16 * 2**20  # at most 4M floats (16 MiB)
+    layout = ProximityGraphLayout(x, 1000, 10, 0, 1, None, "fp32")
+    assert layout.per_block * 1000 * 128 * 4 <= 16 * 2**20  # at most 4M floats (16 MiB)
 
 
-def test_graph_plans_read_a_tensor_in_place(rng):
+def test_graph_layouts_read_a_tensor_in_place(rng):
     """A float32 tensor is checked where it lives and used without a copy (a CUDA tensor never
     visits the host); other inputs give the same graphs as their float32 array."""
-    from hardbatch.neighbors.knn_graph import KNNGraphPlan, ProximityGraphPlan
+    from hardbatch.neighbors.knn_graph import KNNGraphLayout, ProximityGraphLayout
     x = torch.from_numpy(unit_rows(rng, 200, 8))
-    plan = ProximityGraphPlan(x, 40, 5, 0, None, None, "fp32")
-    assert plan.x.data_ptr() == x.data_ptr()
-    assert KNNGraphPlan(x, 5, "exact", None, "fp32", None, 16, 0).x.data_ptr() == x.data_ptr()
+    layout = ProximityGraphLayout(x, 40, 5, 0, None, None, "fp32")
+    assert layout.x.data_ptr() == x.data_ptr()
+    assert KNNGraphLayout(x, 5, "exact", None, "fp32", None, 16, 0).x.data_ptr() == x.data_ptr()
     for other in (x.double(), x.numpy(), x.numpy().astype(np.float64)):
         assert torch.equal(hb.proximity_graph(other, 40, 5, seed=1),
                            hb.proximity_graph(x, 40, 5, seed=1))

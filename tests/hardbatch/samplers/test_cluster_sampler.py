@@ -13,7 +13,8 @@ from support import unit_rows
 
 import hardbatch as hb
 from hardbatch.batching import communities
-from hardbatch.batching.communities import group_order, groups_per_batch, spherical_clusters
+from hardbatch.batching.communities import spherical_clusters
+from hardbatch.neighbors import kmeans
 
 
 def blobs(groups: int, size: int, d: int = 16, spread: float = 0.05, seed: int = 0):
@@ -106,19 +107,6 @@ def test_duplicate_keys_never_share_a_batch(emb):
     assert all(len(set(keys[b].tolist())) == len(b) for b in batches)
 
 
-def test_group_order_lanes_and_drop():
-    labels = np.repeat(np.arange(7), [30, 5, 64, 17, 40, 1, 43])  # 200 items
-    order = group_order(labels, 32, 2, seed=4, drop=200 % 32)
-    kept = 200 - 200 % 32
-    assert sorted(order.tolist()) == list(range(200)) and len(order) == 200
-    counts = groups_per_batch(order, labels, 32, kept)
-    assert len(counts) == kept // 32
-    assert np.maximum(counts - 2, 0).sum() <= 7 + 1
-    again = group_order(labels, 32, 2, seed=4, drop=200 % 32)
-    assert np.array_equal(order, again) and not np.array_equal(order, group_order(
-        labels, 32, 2, seed=5, drop=200 % 32))
-
-
 def test_two_level_kmeans_above_256_clusters():
     x, truth = blobs(300, 10, d=32, spread=0.02)
     labels = spherical_clusters(x, 300, seed=0, backend="torch")
@@ -130,7 +118,7 @@ def test_two_level_kmeans_above_256_clusters():
 
 def test_faiss_absent_falls_back_to_torch(emb, monkeypatch):
     monkeypatch.setitem(sys.modules, "faiss", None)
-    assert communities._faiss() is None
+    assert kmeans._faiss() is None
     batches = list(hb.ClusterBatchSampler(emb, 64, kmeans="auto"))
     assert sorted(i for b in batches for i in b) == list(range(1000))
     with pytest.raises(ImportError, match=r"backend='faiss' needs faiss; pip install "

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import hardbatch as hb
-from hardbatch.batching.communities import cell_order, community_labels, group_order, pairs_in_batches, \
+from hardbatch.batching.communities import community_labels, group_order, pairs_in_batches, \
     rank_graph, separate_pairs
 from hardbatch.batching.metis_partition import MetisOutputWarning, metis_output_caught
 
@@ -51,8 +51,8 @@ def test_skipped_top_ranks_never_share_a_batch(emb, skip, window):
 
 @pytest.mark.parametrize("k", [1, 4])
 def test_communities_are_balanced_and_batches_hold_about_k(emb, k):
-    sampler = hb.CommunityBatchSampler(emb, 64, k, skip=0, window=16, seed=2)  # no separation
-    sampler.cell_batches = 2  # the local build (opt-in)
+    sampler = hb.CommunityBatchSampler(emb, 64, k, skip=0, window=16, seed=2,  # no separation
+                                       cell_batches=2)  # the local build (opt-in)
     batches = list(sampler)
     labels, cells = sampler.groups[0], sampler.cells
     sizes = np.bincount(labels, minlength=sampler.parts)
@@ -75,24 +75,6 @@ def test_one_metis_run_without_cells(emb):
     assert len(np.unique(sampler.groups[0])) == sampler.parts == 62
 
 
-def test_new_labels_in_one_cell_change_only_its_batches():
-    rng = np.random.default_rng(0)
-    cells, labels = rng.integers(0, 8, 1000), rng.integers(0, 60, 1000)
-    order, blocks = cell_order(labels, cells, 32, 4, seed=1)
-    assert sorted(order.tolist()) == list(range(1000))
-    assert all(set(cells[order[blocks == c]].tolist()) <= {c} for c in range(8))
-    moved = labels.copy()
-    moved[cells == 3] = rng.integers(0, 60, (cells == 3).sum())  # a new METIS run in cell 3
-    other, _ = cell_order(moved, cells, 32, 4, seed=1)
-    batch = np.arange(1000) // 32
-    touched = set(batch[np.isin(order, np.flatnonzero(cells == 3))].tolist())
-    same = [i for i in range(32) if np.array_equal(order[batch == i], other[batch == i])]
-    assert set(range(32)) - touched <= set(same) and len(same) >= 32 - len(touched)
-    assert len(touched) <= (cells == 3).sum() // 8 + 2  # its pieces of 8, its leftovers
-    kept, kept_blocks = cell_order(labels, cells, 32, 4, seed=1, drop=1000 % 32)
-    assert np.array_equal(kept, order) and len(kept_blocks) == 1000 - 1000 % 32
-
-
 def test_separation_swaps_within_blocks(emb):
     nbrs = hb.knn_graph(emb, 4).numpy()
     pairs = rank_graph(nbrs, 0, 2)
@@ -105,22 +87,6 @@ def test_separation_swaps_within_blocks(emb):
     with pytest.raises(ValueError, match="blocks must hold a block id >= 0 for each of the "
                                          "kept=1000 places"):
         separate_pairs(order.copy(), 1000, 64, pairs, emb, nbrs, blocks[:10])
-
-
-def test_partition_step_alone_is_deterministic_and_uses_the_window_only():
-    x = torch.nn.functional.normalize(torch.randn(300, 8, generator=torch.Generator()
-                                                  .manual_seed(0)), dim=1)
-    nbrs = hb.knn_graph(x, 12).numpy()
-    a = community_labels(nbrs, 10, skip=2, window=10, seed=5)
-    assert np.array_equal(a, community_labels(nbrs, 10, skip=2, window=10, seed=5))
-    assert a.shape == (300,) and set(a.tolist()) == set(range(10))
-    shuffled = nbrs.copy()
-    shuffled[:, :2] = shuffled[:, [1, 0]]  # the skipped ranks do not enter the graph
-    assert np.array_equal(a, community_labels(shuffled, 10, skip=2, window=10, seed=5))
-    g = rank_graph(nbrs, 2, 12)
-    assert (g != g.T).nnz == 0 and g.diagonal().sum() == 0
-    with pytest.raises(ValueError, match="skip \\+ window = 14 ranks but neighbors holds 12"):
-        community_labels(nbrs, 10, skip=4, window=10)
 
 
 def test_fixed_teacher_embeddings_build_once_a_bank_every_epoch(emb, monkeypatch):

@@ -151,19 +151,19 @@ def test_gcbs_partition_method():
 
 
 def test_gcbs_partition_shards_cover_the_chain_and_concatenate_to_the_order(rng):
-    from hardbatch.batching.gcbs import PartitionPlan, similarity_threshold
+    from hardbatch.batching.gcbs import PartitionLayout, similarity_threshold
 
     x = unit_rows(rng, 3000, 8)
-    plan = PartitionPlan(x, x, similarity_threshold(x, x, 0.99, 1), 7, 1, None, "fp32")
-    whole = plan.order(0, 7)
+    layout = PartitionLayout(x, x, similarity_threshold(x, x, 0.99, 1), 7, 1, None, "fp32")
+    whole = layout.order(0, 7)
     assert torch.equal(torch.from_numpy(whole),
                        hb.gcbs_permutation(x, 0.99, method="partition", partitions=7, seed=1))
-    sizes = np.diff(plan.start)[plan.chain]
+    sizes = np.diff(layout.start)[layout.chain]
     for world in (1, 2, 3, 7, 9):
-        shards = [plan.shard(r, world) for r in range(world)]
+        shards = [layout.shard(r, world) for r in range(world)]
         assert shards[0][0] == 0 and shards[-1][1] == 7
         assert all(a[1] == b[0] and a[0] <= a[1] for a, b in zip(shards, shards[1:]))
-        assert np.array_equal(np.concatenate([plan.order(*sh) for sh in shards]), whole)
+        assert np.array_equal(np.concatenate([layout.order(*sh) for sh in shards]), whole)
         if world == 2:  # about equal cost: no shard holds more than the total minus one cell
             cost = [float((sizes[a:b].astype(float) ** 2).sum()) for a, b in shards]
             assert max(cost) <= (sizes.astype(float) ** 2).sum() - (sizes.astype(float) ** 2).min()

@@ -44,3 +44,16 @@ def test_batch_size_must_leave_a_neighbour(emb):
     with pytest.raises(ValueError, match="must be smaller than N"):
         hb.KNNBatchSampler(emb, N)
     hb.KNNBatchSampler(emb, B)  # accepted
+
+
+def test_sampler_auto_index_rule():
+    pytest.importorskip("faiss")
+    from hardbatch.neighbors.index_search import AUTO_EXACT_MAX_ITEMS
+    from hardbatch.samplers.knn_sampler import AUTO_SAMPLER_MIN_STEPS
+    from hardbatch.samplers.knn_sampler import sampler_index_kind as kind
+
+    n = AUTO_EXACT_MAX_ITEMS + 1
+    assert kind("auto", n, None) == "ivf" and kind("auto", n, AUTO_SAMPLER_MIN_STEPS) == "ivf"
+    assert kind("auto", n, 100) is None  # a snapshot of 100 steps: exact products
+    assert kind("auto", n, None, world_size=2) is None
+    assert kind("auto", n - 1, None) is None and kind("exact", n, None) is None

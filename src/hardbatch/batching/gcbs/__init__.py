@@ -15,8 +15,10 @@ from it hold pairs with large similarity (gcbs paper, sections 4-5):
 4. batch the permuted order sequentially (the sampler,
    :class:`hardbatch.samplers.GCBSSampler`).
 
-This package's ``__init__`` composes them: :func:`gcbs_setup` (checked inputs and step 1) and
-:func:`gcbs_permutation` (steps 1-3); it re-exports every public name of the step modules.
+This package's ``__init__`` composes them: :func:`gcbs_setup` (checked inputs and step 1),
+:func:`gcbs_permutation` (steps 1-3) and :func:`sharded_gcbs_permutation` (the same, its pair
+search shared by the ranks of a torch.distributed group); it re-exports every public name of the
+step modules.
 
 Step 2 keeps, besides, each item's ``min_partners`` strongest pairs (its nearest
 neighbours, under ``X Y^T``) even when they fall below the threshold: with the global
@@ -45,7 +47,7 @@ torch device (``"cuda"``), ``precision="bf16" | "fp16"`` multiplies half
 -precision embeddings with fp32 accumulation (pairs within a rounding error
 of the threshold may flip). Step 2 is cut into units (row blocks for
 ``"exact"`` and ``"faiss"``, inverted lists for ``"ivf"``) so that
-:func:`hardbatch.distributed.gcbs_permutation` can share them across ranks;
+:func:`sharded_gcbs_permutation` can share them across ranks;
 the reordering (step 3) runs on the CPU of every rank.
 """
 
@@ -59,19 +61,20 @@ import torch
 from ..._device import Precision
 from ..._logging import BuildLog, get_logger, progress_bar
 from ..._validation import as_embeddings, check_int
-from .order import PartitionPlan, default_interleave, interleave_chunks, rcm_order
+from ...distributed import all_gather_rows, broadcast_from_first, get_rank_world, rank_share
+from .order import PartitionLayout, default_interleave, interleave_chunks, rcm_order
 from .pairs import (AUTO_CELL_ITEMS, AUTO_EXACT_MAX_ITEMS, AUTO_IVF_MAX_ITEMS,
-                    DEFAULT_MIN_PARTNERS, METHODS, PairSearchPlan, check_min_partners,
+                    DEFAULT_MIN_PARTNERS, METHODS, PairSearchLayout, check_min_partners,
                     check_search_args, partition_count, resolve_build, resolve_method,
-                    spherical_kmeans, strongest_partners, thresholded_pairs)
+                    strongest_partners, thresholded_pairs)
 from .threshold import QUANTILE_SAMPLE, similarity_threshold
 
 __all__ = ["AUTO_CELL_ITEMS", "AUTO_EXACT_MAX_ITEMS", "AUTO_IVF_MAX_ITEMS",
-           "DEFAULT_MIN_PARTNERS", "METHODS", "QUANTILE_SAMPLE", "GCBSSetup", "PairSearchPlan",
-           "PartitionPlan", "check_min_partners", "check_search_args", "default_interleave",
+           "DEFAULT_MIN_PARTNERS", "METHODS", "QUANTILE_SAMPLE", "GCBSSetup", "PairSearchLayout",
+           "PartitionLayout", "check_min_partners", "check_search_args", "default_interleave",
            "gcbs_permutation", "gcbs_setup", "interleave_chunks", "resolve_build",
-           "partition_count", "rcm_order", "resolve_method", "similarity_threshold",
-           "spherical_kmeans", "strongest_partners", "thresholded_pairs"]
+           "partition_count", "rcm_order", "resolve_method", "sharded_gcbs_permutation",
+           "similarity_threshold", "strongest_partners", "thresholded_pairs"]
 
 _LOG = get_logger("batching.gcbs")
 
@@ -101,7 +104,7 @@ def gcbs_setup(embeddings, paired, quantile: float, method: str, seed: int, nlis
                device, precision: Precision) -> GCBSSetup:
     """Checked GCBS inputs and the similarity threshold (GCBS steps 1-2, before the pair search).
 
-    Shared by :func:`gcbs_permutation` and :func:`hardbatch.distributed.gcbs_permutation`.
+    Shared by :func:`gcbs_permutation` and :func:`sharded_gcbs_permutation`.
     The threshold is None for a single item (its order is ``[0]``).
 
     Example:
@@ -209,17 +212,72 @@ def gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.
             return torch.zeros(1, dtype=torch.int64)
         log.hold(2 * min(n * n, QUANTILE_SAMPLE + n) * 4)  # the sample's blocks + concatenation
         if method == "partition":
-            plan = PartitionPlan(x, y, threshold, partitions, seed, device, precision, k)
-            bar = progress_bar(len(plan.chain), "gcbs cells", progress)
-            order = plan.order(0, len(plan.chain), bar, log)
+            cells = PartitionLayout(x, y, threshold, partitions, seed, device, precision, k)
+            bar = progress_bar(len(cells.chain), "gcbs cells", progress)
+            order = cells.order(0, len(cells.chain), bar, log)
             bar.close()
             return torch.from_numpy(interleave_chunks(order, interleave))
-        plan = PairSearchPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
-                              device=device, precision=precision, min_partners=k)
-        bar = progress_bar(plan.num_units, f"gcbs {method} pairs", progress)
-        rows, cols = plan.pairs(0, plan.num_units, bar)
+        search = PairSearchLayout(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
+                                  device=device, precision=precision, min_partners=k)
+        bar = progress_bar(search.num_units, f"gcbs {method} pairs", progress)
+        rows, cols = search.pairs(0, search.num_units, bar)
         bar.close()
-        log.hold(plan.block_bytes, 2 * (rows.nbytes + cols.nbytes))  # lists + concatenation
+        log.hold(search.block_bytes, 2 * (rows.nbytes + cols.nbytes))  # lists + concatenation
         log.set(pairs=len(rows))
         order = rcm_order(rows, cols, n, seed, log)
         return torch.from_numpy(interleave_chunks(order, interleave)) if interleave else order
+
+
+def sharded_gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.999,
+                             paired: torch.Tensor | np.ndarray | None = None, *,
+                             method: Literal["auto", "exact", "ivf", "faiss",
+                                             "partition"] = "auto",
+                             min_partners: int | None = None, seed: int = 0,
+                             nlist: int | None = None, nprobe: int = 8,
+                             partitions: int | None = None,
+                             device: str | torch.device | None = None,
+                             precision: Precision = "fp32", interleave: int = 0,
+                             group=None) -> torch.Tensor:
+    """:func:`gcbs_permutation` with the pair search (GCBS eq. 5) shared by the ranks of the
+    process ``group`` (None: the default group; one process: the plain build).
+
+    The same arguments and the same order as the single-process function on every rank
+    (``method="auto"`` resolves by N on every rank alike): the threshold is estimated on every
+    rank (same seeded sample), each rank searches its share of the units (row blocks or
+    inverted lists), the pairs are all-gathered and every rank runs the same reverse
+    Cuthill-McKee (for ``"ivf"`` on CUDA, k-means with atomic adds may differ in the last bits
+    between ranks; the order is still the same on every rank).
+
+    ``method="partition"``: rank 0's cells and chain are broadcast (k-means on CUDA may differ
+    in the last bits between ranks), every rank orders a contiguous range of the chain of about
+    equal cost (sum of squared cell sizes), and the ranges are all-gathered in chain order.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.batching.gcbs import gcbs_permutation, sharded_gcbs_permutation
+        >>> x = torch.randn(40, 8)
+        >>> order = sharded_gcbs_permutation(x, quantile=0.9, seed=0)
+        >>> len(order), torch.equal(order, gcbs_permutation(x, quantile=0.9, seed=0))
+        (40, True)
+    """
+    x, y, threshold, nlist, nprobe = gcbs_setup(embeddings, paired, quantile, method, seed, nlist,
+                                                nprobe, device, precision)
+    n = x.shape[0]
+    if threshold is None:
+        return torch.zeros(1, dtype=torch.int64)
+    method, k, partitions = resolve_build(method, min_partners, partitions, n)
+    interleave = check_int(interleave, "interleave", low=0)
+    if method == "partition":
+        cells = PartitionLayout(x, y, threshold, partitions, seed, device, precision, k)
+        cell, chain = broadcast_from_first(
+            [cells.cell, torch.tensor(cells.chain, dtype=torch.int64)], group)
+        cells.adopt(cell, chain)
+        mine = torch.from_numpy(cells.order(*cells.shard(*get_rank_world(group))))
+        order = all_gather_rows(mine, group).numpy()
+    else:
+        search = PairSearchLayout(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
+                                  device=device, precision=precision, min_partners=k)
+        rows, cols = search.pairs(*rank_share(search.num_units, group))
+        pairs = all_gather_rows(torch.from_numpy(np.stack([rows, cols], axis=1)), group).numpy()
+        order = np.asarray(rcm_order(pairs[:, 0], pairs[:, 1], n, seed))
+    return torch.from_numpy(interleave_chunks(order, interleave))

@@ -1,15 +1,15 @@
 """GCBS step 2 on one similarity block, compiled: the pairs above the threshold and each row's
 strongest pairs, in one pass over the block (CPU).
 
-:class:`hardbatch.batching.gcbs.pairs.PairSearchPlan` computes blocks of similarities ``x_i . y_j`` and
-keeps (i) the pairs above the threshold and (ii) for a row with fewer than k of them, its k
-strongest pairs (``min_partners``). With torch that took a comparison mask, ``nonzero``, a copy
-of the short rows and a ``topk`` over them: several passes over blocks of ~16M floats, about
-twice the time of the product itself. :func:`block_pairs` reads each row once: it counts and
-lists the pairs above the threshold and keeps the k + 1 largest values below it in a small
-sorted buffer. It returns the same pairs as the torch version; where the k-th and the
-(k + 1)-th strongest pair of a row tie, the row is handed back to the caller, which selects it
-with ``torch.topk`` as before (so ties are broken the same way).
+:class:`hardbatch.batching.gcbs.pairs.PairSearchLayout` computes blocks of similarities
+``x_i . y_j`` and keeps (i) the pairs above the threshold and (ii) for a row with fewer than k
+of them, its k strongest pairs (``min_partners``). With torch that took a comparison mask,
+``nonzero``, a copy of the short rows and a ``topk`` over them: several passes over blocks of
+~16M floats, about twice the time of the product itself. :func:`block_pairs` reads each row
+once: it counts and lists the pairs above the threshold and keeps the k + 1 largest values
+below it in a small sorted buffer. It returns the same pairs as the torch version; where the
+k-th and the (k + 1)-th strongest pair of a row tie, the row is handed back to the caller,
+which selects it with ``torch.topk`` as before (so ties are broken the same way).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 - :func:`rcm_order`: the symmetrised pattern of the pairs of step 2, randomly relabelled, in
   reverse Cuthill-McKee order (``scipy.sparse.csgraph.reverse_cuthill_mckee``, the bandwidth
   heuristic of the gcbs paper, section 5.2): batches cut sequentially from it hold strong pairs.
-- :class:`PartitionPlan` (``method="partition"``, millions of items): steps 2-3 within coarse
+- :class:`PartitionLayout` (``method="partition"``, millions of items): steps 2-3 within coarse
   spherical k-means cells, cells chained by centroid similarity.
 - :func:`interleave_chunks` (``interleave=c``; :func:`default_interleave`): chunks of c
   consecutive items of the order dealt apart, so no batch is one dense region.
@@ -22,9 +22,10 @@ from ... import _rng
 from ..._device import resolve_device
 from ..._logging import NO_BAR, BuildLog
 from ..._validation import check_int
-from .pairs import PairSearchPlan, check_min_partners, spherical_kmeans
+from ...neighbors.kmeans import nearest_centroid, spherical_kmeans
+from .pairs import PairSearchLayout, check_min_partners
 
-__all__ = ["PartitionPlan", "default_interleave", "interleave_chunks", "rcm_order"]
+__all__ = ["PartitionLayout", "default_interleave", "interleave_chunks", "rcm_order"]
 
 
 def default_interleave(batch_size: int) -> int:
@@ -69,11 +70,11 @@ def rcm_order(rows: np.ndarray, cols: np.ndarray, n: int, seed: int,
     return torch.from_numpy(relabel[np.asarray(order, np.int64)])
 
 
-class PartitionPlan:
+class PartitionLayout:
     """Partitioned GCBS: coarse k-means cells, exact pairs + RCM within each, cells chained.
 
     Items are put in the cell of their nearest centroid (spherical k-means on ``y``,
-    :func:`~hardbatch.batching.gcbs.pairs.spherical_kmeans`); cells are visited along a greedy
+    :func:`~hardbatch.neighbors.kmeans.spherical_kmeans`); cells are visited along a greedy
     nearest-centroid chain from cell 0, so consecutive cells are similar; within a cell the
     pairs above the global ``threshold`` are found exactly and ordered by
     reverse Cuthill-McKee (:func:`rcm_order`). Pairs across cells are dropped.
@@ -82,20 +83,20 @@ class PartitionPlan:
 
     The cells are independent: :meth:`order` returns the order of the items of
     chain positions [start, end), so ranks can share them
-    (:func:`hardbatch.distributed.gcbs_permutation`); :meth:`shard` cuts the
+    (:func:`hardbatch.batching.gcbs.sharded_gcbs_permutation`); :meth:`shard` cuts the
     chain into contiguous ranges of about equal cost (sum of squared cell sizes).
 
     Example:
         >>> import torch
         >>> _ = torch.manual_seed(0)
-        >>> from hardbatch.batching.gcbs import PartitionPlan
+        >>> from hardbatch.batching.gcbs import PartitionLayout
         >>> x = torch.eye(8)[torch.arange(40) % 4] + 0.05 * torch.randn(40, 8)  # 4 clusters of 10
         >>> u = torch.nn.functional.normalize(x, dim=1).numpy()  # unit rows, float32
-        >>> plan = PartitionPlan(u, u, 0.5, partitions=2, seed=0, device=None, precision="fp32",
-        ...                      min_partners=0)
-        >>> len(plan.chain), plan.shard(0, 2), plan.shard(1, 2)  # two cells, one per rank
+        >>> layout = PartitionLayout(u, u, 0.5, partitions=2, seed=0, device=None,
+        ...                          precision="fp32", min_partners=0)
+        >>> len(layout.chain), layout.shard(0, 2), layout.shard(1, 2)  # two cells, one per rank
         (2, (0, 1), (1, 2))
-        >>> order = plan.order(0, len(plan.chain))
+        >>> order = layout.order(0, len(layout.chain))
         >>> [len(set((batch % 4).tolist())) for batch in order.reshape(4, 10)]
         [1, 1, 1, 1]
     """
@@ -112,7 +113,7 @@ class PartitionPlan:
         else:
             dev = resolve_device(device)
             cent = spherical_kmeans(torch.from_numpy(y).to(dev), partitions, seed)
-            cell = self.assign(x, cent)
+            cell = nearest_centroid(torch.from_numpy(x).to(cent.device), cent).cpu()
             sim = (cent @ cent.T).cpu()
         sim = sim.double().numpy()
         chain, seen = [0], np.zeros(partitions, bool)
@@ -131,12 +132,6 @@ class PartitionPlan:
         self.start = np.zeros(partitions + 1, np.int64)
         self.start[1:] = np.cumsum(np.bincount(self.cell.numpy(), minlength=partitions))
 
-    @staticmethod
-    def assign(x: np.ndarray, cent: torch.Tensor) -> torch.Tensor:
-        """Cell (nearest centroid) of every row of ``x``, int64 [N] on the CPU."""
-        xt = torch.from_numpy(x).to(cent.device)
-        return torch.cat([(xt[s:s + 65536] @ cent.T).argmax(1)
-                          for s in range(0, x.shape[0], 65536)]).cpu()
 
     def shard(self, rank: int, world: int) -> tuple[int, int]:
         """Chain positions [start, end) of ``rank``: contiguous, about equal sum of size^2."""
@@ -179,12 +174,12 @@ class PartitionPlan:
             return idx
         xs = np.ascontiguousarray(self.x[idx])
         ys = xs if self.y is self.x else np.ascontiguousarray(self.y[idx])
-        plan = PairSearchPlan(xs, ys, self.threshold, "exact", nlist=None, nprobe=1,
-                              seed=0, device=self.device, precision=self.precision,
-                              min_partners=min(self.min_partners, len(idx) - 1))
-        rows, cols = plan.pairs(0, plan.num_units)
+        pairs = PairSearchLayout(xs, ys, self.threshold, "exact", nlist=None, nprobe=1,
+                                 seed=0, device=self.device, precision=self.precision,
+                                 min_partners=min(self.min_partners, len(idx) - 1))
+        rows, cols = pairs.pairs(0, pairs.num_units)
         if log is not None:
-            log.hold(plan.block_bytes + xs.nbytes + ys.nbytes, rows.nbytes, cols.nbytes)
+            log.hold(pairs.block_bytes + xs.nbytes + ys.nbytes, rows.nbytes, cols.nbytes)
         seed = self.seed if len(self.chain) == 1 else _rng.derive_seed(self.seed, c)
         return idx[rcm_order(rows, cols, len(idx), seed, log).numpy()]
 

@@ -1,15 +1,16 @@
 """GCBS step 2: the pairs above a similarity threshold, plus each item's strongest pairs.
 
-:class:`PairSearchPlan` finds the pairs (i, j), i != j, with ``x_i . y_j`` above the
+:class:`PairSearchLayout` finds the pairs (i, j), i != j, with ``x_i . y_j`` above the
 threshold of :func:`hardbatch.batching.gcbs.similarity_threshold` (gcbs paper, eq. 5), cut into units
 (row blocks for ``"exact"`` and ``"faiss"``, inverted lists for ``"ivf"``) that
-:func:`hardbatch.distributed.gcbs_permutation` shares across ranks.
+:func:`hardbatch.batching.gcbs.sharded_gcbs_permutation` shares across ranks.
 
 - ``"exact"``: blocked dense products, O(N^2 d) time, O(nnz) memory.
-- ``"ivf"``: an inverted-file approximation: spherical k-means puts the items in ``nlist``
-  (default sqrt(N)) lists, and each list is compared, by one dense product, with the
-  ``nprobe`` lists whose centroids are nearest: about nprobe/nlist of the exact cost
-  (N = 100k, d = 768: ~10 s instead of ~4 min on 2 cores; docs/benchmarks.md).
+- ``"ivf"``: an inverted-file approximation (:mod:`hardbatch.neighbors.ivf`): spherical
+  k-means puts the items in ``nlist`` (default sqrt(N)) lists, and each list is compared, by
+  one dense product, with the ``nprobe`` lists whose centroids are nearest: about
+  nprobe/nlist of the exact cost (N = 100k, d = 768: ~10 s instead of ~4 min on 2 cores;
+  docs/benchmarks.md).
 - ``"faiss"``: the same with a faiss ``IndexIVFFlat.range_search`` (``pip install faiss-cpu``);
   on CPU it scans each query separately and was 4-10x slower than ``"ivf"`` here, but it is
   the natural route to faiss-gpu.
@@ -20,7 +21,7 @@ threshold also keeps its k strongest pairs, found in the same similarity block (
 
 The method names and what ``method="auto"`` stands for at N items (:func:`resolve_method`,
 :func:`resolve_build`) live here too: ``"partition"`` is the one method that is not a global
-pair search (:class:`hardbatch.batching.gcbs.order.PartitionPlan`).
+pair search (:class:`hardbatch.batching.gcbs.order.PartitionLayout`).
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ from ... import _rng
 from ..._device import Precision, block_elements, check_precision, matmul_fp32, resolve_device
 from ..._logging import NO_BAR
 from ..._validation import check_int
+from ...neighbors.ivf import inverted_lists, probed_blocks
 from .blocks import block_pairs
 
 __all__ = ["AUTO_CELL_ITEMS", "AUTO_EXACT_MAX_ITEMS", "AUTO_IVF_MAX_ITEMS",
-           "DEFAULT_MIN_PARTNERS", "METHODS", "PairSearchPlan", "check_min_partners",
+           "DEFAULT_MIN_PARTNERS", "METHODS", "PairSearchLayout", "check_min_partners",
            "check_search_args", "partition_count", "resolve_build", "resolve_method",
-           "spherical_kmeans", "strongest_partners", "thresholded_pairs"]
+           "strongest_partners", "thresholded_pairs"]
 
 # min_partners default: chosen on the exploration sets of docs/gcbs.md.
 DEFAULT_MIN_PARTNERS = 16
@@ -85,7 +87,7 @@ def resolve_build(method: str, min_partners: int | None, partitions: int | None,
 
     ``"auto"`` becomes a method (:func:`resolve_method`); its ``"partition"`` uses cells of
     ``AUTO_CELL_ITEMS`` items unless ``partitions`` is given (checked for ``"partition"``
-    only). Meant to be shared with :func:`hardbatch.distributed.gcbs_permutation`.
+    only). Shared with :func:`hardbatch.batching.gcbs.sharded_gcbs_permutation`.
 
     Example:
         >>> from hardbatch.batching.gcbs import resolve_build
@@ -112,35 +114,6 @@ def partition_count(n: int, partitions: int | None) -> int:
     """
     return -(-n // 100_000) if partitions is None else check_int(
         partitions, "partitions", low=1, high=n)
-
-
-def spherical_kmeans(y: torch.Tensor, k: int, seed: int, iters: int = 10) -> torch.Tensor:
-    """Spherical k-means centroids [k, d] (fp32) from a sample of at most 64k rows of ``y``.
-
-    Example:
-        >>> from hardbatch.batching.gcbs import spherical_kmeans
-        >>> import torch
-        >>> _ = torch.manual_seed(0)
-        >>> x = torch.eye(8)[torch.arange(40) % 4] + 0.05 * torch.randn(40, 8)  # 4 clusters of 10
-        >>> u = torch.nn.functional.normalize(x, dim=1).numpy()  # unit rows, float32
-        >>> centroids = spherical_kmeans(torch.from_numpy(u), 4, seed=0)
-        >>> centroids.shape, centroids.norm(dim=1).round(decimals=3).tolist()
-        (torch.Size([4, 8]), [1.0, 1.0, 1.0, 1.0])
-        >>> cell = (torch.from_numpy(u) @ centroids.T).argmax(1)
-        >>> len(set(zip(cell.tolist(), (torch.arange(40) % 4).tolist())))  # one cell per cluster
-        4
-    """
-    n = y.shape[0]
-    pick = torch.from_numpy(_rng.permutation(n, _rng.derive_seed(seed, 0x1BF))[:min(n, 64 * k)])
-    sample = y[pick.to(y.device)].float()
-    cent = sample[:k].clone()
-    for _ in range(iters):
-        assign = (sample @ cent.T).argmax(dim=1)
-        new = torch.zeros_like(cent).index_add_(0, assign, sample)
-        empty = new.norm(dim=1) == 0
-        new[empty] = cent[empty]
-        cent = torch.nn.functional.normalize(new, dim=1)
-    return cent
 
 
 _EMPTY = (np.empty(0, np.int64), np.empty(0, np.int64))
@@ -222,7 +195,7 @@ def _concat(rows: list, cols: list) -> tuple[np.ndarray, np.ndarray]:
             np.concatenate(cols).astype(np.int64, copy=False))
 
 
-class PairSearchPlan:
+class PairSearchLayout:
     """Step 2 of GCBS (pairs above the threshold), cut into units that ranks can share.
 
     Units are row blocks (``"exact"``, ``"faiss"``) or inverted lists
@@ -230,23 +203,23 @@ class PairSearchPlan:
     ``threshold`` and each row's ``min_partners`` strongest (None: ``min(16, N - 1)``, as in
     :func:`gcbs_permutation`; searched among the compared columns, so approximately for
     ``"ivf"``). Used whole by :func:`thresholded_pairs` and in shards by
-    :func:`hardbatch.distributed.gcbs_permutation`. ``block_bytes``: the largest similarity
-    block so far (values and mask), for the build's memory log.
+    :func:`hardbatch.batching.gcbs.sharded_gcbs_permutation`. ``block_bytes``: the largest
+    similarity block so far (values and mask), for the build's memory log.
 
     Example:
         >>> import torch
-        >>> from hardbatch.batching.gcbs import PairSearchPlan
+        >>> from hardbatch.batching.gcbs import PairSearchLayout
         >>> _ = torch.manual_seed(0)
         >>> x = torch.eye(8)[torch.arange(40) % 4] + 0.05 * torch.randn(40, 8)  # 4 clusters of 10
         >>> u = torch.nn.functional.normalize(x, dim=1).numpy()  # unit rows, float32
-        >>> plan = PairSearchPlan(u, u, 0.5, "ivf", nlist=4, nprobe=2, seed=0, device=None,
-        ...                       precision="fp32", min_partners=0)  # pairs above cosine 0.5
-        >>> plan.num_units  # inverted lists
+        >>> layout = PairSearchLayout(u, u, 0.5, "ivf", nlist=4, nprobe=2, seed=0, device=None,
+        ...                           precision="fp32", min_partners=0)  # pairs above cosine 0.5
+        >>> layout.num_units  # inverted lists
         4
-        >>> rows, cols = plan.pairs(0, plan.num_units)
+        >>> rows, cols = layout.pairs(0, layout.num_units)
         >>> len(rows), bool((rows % 4 == cols % 4).all())  # all 4 * 10 * 9 pairs inside clusters
         (360, True)
-        >>> len(plan.pairs(0, 2)[0]) + len(plan.pairs(2, 4)[0])  # the units shared by two ranks
+        >>> len(layout.pairs(0, 2)[0]) + len(layout.pairs(2, 4)[0])  # units shared by two ranks
         360
     """
 
@@ -331,47 +304,20 @@ class PairSearchPlan:
             bar.update(1)
         return _concat(rows, cols)
 
-    def _ivf_setup(self):
-        """Spherical k-means lists of the columns; each list probes its ``nprobe`` nearest lists."""
-        n, nlist = self.x.shape[0], self.nlist
-        nprobe = int(min(max(1, self.nprobe), nlist))
-        xt, yt = self._tensors()
-        cent = spherical_kmeans(yt, nlist, self.seed)
-
-        def assign(t):
-            return torch.cat([matmul_fp32(t[s:s + 65536], cent.T.to(t.dtype)).argmax(1)
-                              for s in range(0, n, 65536)])
-
-        col_list = assign(yt)
-        row_list = col_list if self.x is self.y else assign(xt)
-        probe = (cent @ cent.T).topk(nprobe, dim=1).indices.cpu()
-
-        def lists(labels):
-            order = torch.argsort(labels, stable=True)
-            start = torch.zeros(nlist + 1, dtype=torch.int64)
-            start[1:] = torch.bincount(labels, minlength=nlist).cumsum(0).cpu()
-            return order, start
-
-        self._ivf = (xt, yt, probe, lists(col_list), lists(row_list))
-
     def _ivf_pairs(self, start: int, end: int, bar=NO_BAR):
-        """Cost about N * (nprobe / nlist) * N * d instead of N^2 d (module docstring)."""
+        """Lists [start, end) of the inverted lists (:mod:`hardbatch.neighbors.ivf`), each
+        compared with the lists it probes: about N * (nprobe / nlist) * N * d, not N^2 d."""
         if self._ivf is None:
-            self._ivf_setup()
-        xt, yt, probe, (col_order, col_start), (row_order, row_start) = self._ivf
-        where = torch.full((self.x.shape[0],), -1, dtype=torch.int64, device=col_order.device)
+            xt, yt = self._tensors()
+            self._ivf = xt, yt, inverted_lists(xt, yt, self.nlist, self.nprobe, self.seed)
+        xt, yt, lists = self._ivf
         rows, cols = [], []
-        for c in range(start, end):
+        for r_ids, c_ids, self_col in probed_blocks(lists, start, end):
             bar.update(1)
-            r_ids = row_order[row_start[c]:row_start[c + 1]]
             if r_ids.numel() == 0:
                 continue
-            c_ids = torch.cat([col_order[col_start[p]:col_start[p + 1]]
-                               for p in probe[c].tolist()])
             sims = matmul_fp32(xt[r_ids], yt[c_ids].T)
-            where[c_ids] = torch.arange(len(c_ids), device=where.device)
-            r, k = self._hits(sims, where[r_ids].cpu())  # self pairs out before rows count
-            where[c_ids] = -1
+            r, k = self._hits(sims, self_col)  # self pairs out before rows count
             rr, cc = r_ids[r], c_ids[k]
             keep = rr != cc
             rows.append(rr[keep].cpu().numpy())
@@ -438,6 +384,6 @@ def thresholded_pairs(x: np.ndarray, y: np.ndarray, threshold: float,
         >>> len(thresholded_pairs(u, u, 0.5, min_partners=12)[0])  # 9 inside + 3 across each
         480
     """
-    plan = PairSearchPlan(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
-                          device=device, precision=precision, min_partners=min_partners)
-    return plan.pairs(0, plan.num_units)
+    layout = PairSearchLayout(x, y, threshold, method, nlist=nlist, nprobe=nprobe, seed=seed,
+                              device=device, precision=precision, min_partners=min_partners)
+    return layout.pairs(0, layout.num_units)

@@ -38,7 +38,7 @@ import torch
 from ..._integrity import library_version, seal, verify
 from ..._logging import get_logger
 from ...samplers.base import LOOKBACK
-from ...keys.duplicates import separate_keys
+from ...keys.repair import separate_keys
 from .texts import column_texts
 
 __all__ = ["RESUME_FILE", "EpochProgress", "checkpoint_state", "register_resume",

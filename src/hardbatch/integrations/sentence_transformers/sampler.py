@@ -23,7 +23,8 @@ from ..._logging import get_logger
 from ..._validation import check_generator
 from ...registry import canonical_sampler, make_sampler, sampler_class, sampler_names
 from ...samplers import EmbeddingSampler
-from ...keys.duplicates import check_partition_keys, check_walk_keys, encode_keys
+from ...keys.encode import encode_keys
+from ...keys.feasibility import check_partition_keys, check_walk_keys
 from ...samplers.options import sampler_parameters
 from .resume import EpochProgress
 from .texts import LABEL_COLUMNS, TextEmbeddingSource, column_texts, row_conflicts
@@ -323,7 +324,7 @@ def check_text_keys(sampler: str, num_items: int, batch_size: int, drop_last: bo
     """The duplicate-key check ``sampler`` makes at construction (run before any encoding).
 
     Example:
-        >>> from hardbatch.keys.duplicates import encode_keys
+        >>> from hardbatch.keys import encode_keys
         >>> from hardbatch.integrations.sentence_transformers import check_text_keys
         >>> check_text_keys("knn", 4, 2, False, encode_keys([{"a"}, {"a"}, {"b"}, {"c"}], 4))
     """

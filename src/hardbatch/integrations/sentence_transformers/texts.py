@@ -19,8 +19,7 @@ import torch
 from ... import distributed as hbdist
 from ..._device import shard_range
 from ..._logging import get_logger, progress_bar
-from ...keys.conflicts import factorize_columns
-from ...keys.duplicates import DuplicateKeys, encode_keys
+from ...keys.encode import DuplicateKeys, encode_keys, factorize_columns
 
 __all__ = ["LABEL_COLUMNS", "TextEmbeddingSource", "column_texts", "row_conflicts",
            "text_columns"]

@@ -134,7 +134,9 @@ def train(prototype, pairs, out, kind, options, *, save=None, resume=None, stop=
                                callbacks=[SaveOnly(save or stop)] + ([Interrupt(stop)] if stop
                                                                      else []))
     trainer.trained = []
-    trainer.data_collator = RowIds(trainer.data_collator, pairs["positive"])
+    texts = [t for d in (pairs.values() if isinstance(pairs, dict) else [pairs])
+             for t in d["positive"]]  # a DatasetDict's rows: its datasets one after another
+    trainer.data_collator = RowIds(trainer.data_collator, texts)
     try:
         trainer.train(resume_from_checkpoint=None if resume is None else str(resume))
     except KeyboardInterrupt:
@@ -276,3 +278,42 @@ def test_a_checkpoint_of_another_run_is_refused_before_training(prototype, pairs
     with pytest.raises(ValueError, match=f"checkpoint .*checkpoint-3 .*{match}"):
         trainer.train(resume_from_checkpoint=str(uniform_checkpoint))
     assert trainer.trained == []
+
+
+# Several datasets (a DatasetDict: one hardbatch sampler per dataset, combined by the trainer's
+# multi_dataset_batch_sampler): 64 + 32 pairs, 4 + 2 batches an epoch. Proportional and
+# hardbatch's single-source sampler: 6 steps an epoch; round robin: 4 (2 of each dataset).
+# (id, sampler, options, combination, checkpoint step): checkpoint 5 is after every batch of
+# the small dataset in epoch 0, 6 at the epoch boundary.
+MULTI_CASES = [
+    ("proportional-gcbs", "gcbs", {}, "proportional", 3),
+    ("proportional-knn-every-2-small-done", "knn", {"refresh_every": 2}, "proportional", 5),
+    ("round-robin-proximity-every-3", "proximity", {"refresh_every": 3}, "round_robin", 3),
+    ("single-source-cluster-boundary", "cluster", {}, "single_source", 6),
+    ("single-source-community", "community", {}, "single_source", 8),
+]
+
+
+@pytest.fixture(scope="module")
+def two(pairs):
+    return datasets.DatasetDict({"a": pairs.select(range(64)), "b": pairs.select(range(64, N))})
+
+
+@pytest.mark.parametrize("case", MULTI_CASES, ids=lambda c: c[0])
+def test_a_resumed_multi_dataset_run_continues_with_the_uninterrupted_batches(
+        prototype, two, tmp_path, case, caplog):
+    from hardbatch.samplers.single_source_sampler import single_source_batch_sampler
+
+    _, kind, options, combine, at = case
+    combine = single_source_batch_sampler() if combine == "single_source" else combine
+    full, weights = train(prototype, two, tmp_path / "full", kind, options, save=at,
+                          multi_dataset_batch_sampler=combine)
+    saved = torch.load(tmp_path / "full" / f"checkpoint-{at}" / RESUME_FILE, weights_only=True)
+    assert len(saved["sources"]) == 2 and saved["kind"] == "datasets"
+    with caplog.at_level(logging.WARNING, logger="hardbatch"):
+        rest, resumed = train(prototype, two, tmp_path / "resumed", kind, options,
+                              resume=tmp_path / "full" / f"checkpoint-{at}",
+                              multi_dataset_batch_sampler=combine)
+    assert rest == full[at:]  # the same batches, in the same order
+    assert max_abs_diff(weights, resumed) == 0.0
+    assert not [r for r in caplog.records if "resum" in r.getMessage()]

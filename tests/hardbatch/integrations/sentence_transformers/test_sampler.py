@@ -89,7 +89,7 @@ def test_mined_hard_negatives_are_conflicts_not_one_key(kind):
     """Issue 31: the old rule merged rows sharing a text transitively, so a mined dataset was
     one key ('duplicate_keys leave only 1 distinct keys for batches of 16 items')."""
     table = mined_triplets()
-    keys = hb.keys.duplicates.shared_value_keys(zip(*table.values()))
+    keys = hb.keys.shared_value_keys(zip(*table.values()))
     assert len(set(keys)) == 1  # the old rule: every row in one key
     s = HardNegativeBatchSampler(table, 16, model=LetterEncoder(), sampler=kind,
                                  refresh_every=None, **kind_options(kind))

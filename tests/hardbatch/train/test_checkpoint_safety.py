@@ -33,7 +33,7 @@ from hardbatch.train.checkpoint import (
     write_checkpoint,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

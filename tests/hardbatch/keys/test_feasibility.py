@@ -1,0 +1,113 @@
+"""hardbatch.keys.feasibility: a request is refused exactly when no plan can meet it, with an
+error naming the key and the fix.
+
+References: a plain-Python max-flow for the feasibility of separating keys in a partition."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from keys_support import clashes
+from sampler_support import B, N, conflicts, make
+
+import hardbatch as hb
+from hardbatch.keys.encode import encode_keys
+from hardbatch.keys.feasibility import check_partition_keys
+from hardbatch.keys.repair import partition_capacities, separate_keys
+
+
+def max_flow_feasible(counts, caps) -> bool:
+    """Reference: can groups of sizes ``counts`` fill batches of sizes ``caps`` exactly, one item
+    per group per batch, dropping items only if sum(counts) > sum(caps)? (Ford-Fulkerson.)"""
+    g, nb = len(counts), len(caps)
+    size = g + nb + 2
+    cap = [[0] * size for _ in range(size)]
+    src, sink = g + nb, g + nb + 1
+    for k, c in enumerate(counts):
+        cap[src][k] = c
+        for b in range(nb):
+            cap[k][g + b] = 1
+    for b, c in enumerate(caps):
+        cap[g + b][sink] = c
+    flow = 0
+    while True:
+        prev, todo = {src: None}, [src]
+        while todo and sink not in prev:
+            u = todo.pop()
+            for v in range(size):
+                if v not in prev and cap[u][v] > 0:
+                    prev[v] = u
+                    todo.append(v)
+        if sink not in prev:
+            return flow == sum(caps)
+        v = sink
+        while prev[v] is not None:
+            u = prev[v]
+            cap[u][v] -= 1
+            cap[v][u] += 1
+            v = u
+        flow += 1
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_partition_check_matches_max_flow_and_separation_succeeds(drop_last):
+    r = np.random.default_rng(5)
+    seen = Counter()
+    for _ in range(300):
+        n = int(r.integers(3, 14))
+        b = int(r.integers(1, n + 1))
+        keys = r.integers(0, int(r.integers(1, n + 1)), n).tolist()
+        enc = encode_keys(keys, n)
+        caps = partition_capacities(n, b, drop_last)
+        counts = list(Counter(keys).values())
+        feasible = max_flow_feasible(counts, caps.tolist())
+        try:
+            check_partition_keys(enc, n, b, drop_last)
+            passed = True
+        except ValueError as err:
+            passed = False
+            assert "duplicate_keys" in str(err) and "batch_size" in str(err)
+        assert passed == feasible, (keys, b, drop_last)
+        seen[feasible] += 1
+        if feasible:
+            kept = int(caps.sum())
+            order = r.permutation(n)
+            out = separate_keys(order, kept, b, enc)
+            assert sorted(out.tolist()) == list(range(n))
+            batches = [out[s:s + b].tolist() for s in range(0, kept, b)]
+            assert [len(x) for x in batches] == caps.tolist()
+            assert clashes(batches, keys) == 0
+    assert seen[True] > 50 and seen[False] > 50
+
+
+def test_impossible_requests_name_the_key_and_the_fix(emb):
+    keys = ["same"] * 20 + [f"t{i}" for i in range(N - 20)]
+    with pytest.raises(ValueError, match="key 'same' is held by 20 items but an epoch has only "
+                                         "16 batches of batch_size=64.*batch_size <= 50"):
+        hb.UniformBatchSampler(N, B, duplicate_keys=keys)
+    with pytest.raises(ValueError, match="key 'same' is held by 20 items"):
+        make("gcbs", emb, duplicate_keys=keys)
+    few = [i % 50 for i in range(N)]  # 50 distinct keys, batches of 64
+    for kind in ("knn", "proximity"):
+        with pytest.raises(ValueError, match="only 50 distinct keys for batches of 64 .*use "
+                                             "batch_size <= 50"):
+            make(kind, emb, duplicate_keys=few)
+    assert all(len(b) == 50 for b in make("proximity", emb, batch_size=50, duplicate_keys=few))
+
+
+def test_impossible_conflicts_fail_at_construction_naming_items_and_fix(emb):
+    sets = [frozenset({"shared", f"t{i}"}) if i < 20 else frozenset({f"t{i}"})
+            for i in range(N)]
+    with pytest.raises(ValueError, match="key 'shared' is held by 20 items but an epoch has "
+                                         r"only 16 batches.*0, 1, 2, 3, 4, \.\.\..*"
+                                         "batch_size <= 50"):
+        hb.UniformBatchSampler(N, B, duplicate_keys=sets)
+    dense = [frozenset({f"g{i % 50}", f"h{i // 2}"}) for i in range(N)]  # 50 cliques of 20
+    for kind in ("knn", "proximity"):
+        with pytest.raises(ValueError, match=r"only (\d+) items that pairwise share no key "
+                                             r"were found.*g\d+.*batch_size <= \1,") as err:
+            make(kind, emb, duplicate_keys=dense)
+    found = int(str(err.value).split("only ")[1].split()[0])
+    assert 40 <= found <= 50  # one item per g clique at most
+    s = make("knn", emb, batch_size=found, duplicate_keys=dense)
+    assert all(len(b) == found for b in s) and conflicts(list(s), dense) == 0
