@@ -22,7 +22,8 @@
 # Env: OUT (results/code_search/confirm), WORKERS (1), SEEDS ("1 2 3 4 5"), ARMS (default mined
 #      gcbs knn proximity cluster community uniform community+mined: the arms (a)-(i)
 #      pre-registered in docs/results/code_search.md),
-#      STEPS (150), SEQ (128: code tokens), FREEZE (4),
+#      STEPS (150), EPOCHS (instead of STEPS: e.g. 1 for one full epoch), SEQ (128: code
+#      tokens), FREEZE (4),
 #      TRAIN_LIMIT (all pairs), EVAL (test), DATA_DIR (default: $HARDBATCH_DATA or
 #      ../shared/data), EXTRA (more args, e.g. "--refresh model").
 # Exits 1 while runs are missing (failed, or held by another live process) at its end.
@@ -33,7 +34,8 @@ OUT=${OUT:-results/code_search/confirm}
 WORKERS=${WORKERS:-1}
 read -r -a SEED_LIST <<< "${SEEDS:-1 2 3 4 5}"
 read -r -a ARM_LIST <<< "${ARMS:-default mined gcbs knn proximity cluster community uniform community+mined}"
-ARGS=(--steps "${STEPS:-150}" --max-seq-length "${SEQ:-128}" --freeze-layers "${FREEZE:-4}"
+if [[ -n "${EPOCHS:-}" ]]; then SIZE=(--epochs "$EPOCHS"); else SIZE=(--steps "${STEPS:-150}"); fi
+ARGS=("${SIZE[@]}" --max-seq-length "${SEQ:-128}" --freeze-layers "${FREEZE:-4}"
       --eval-split "${EVAL:-test}" --threads 1 --out "$OUT")
 [[ -n "${TRAIN_LIMIT:-}" ]] && ARGS+=(--train-limit "$TRAIN_LIMIT")
 [[ -n "${DATA_DIR:-}" ]] && ARGS+=(--data-dir "$DATA_DIR")

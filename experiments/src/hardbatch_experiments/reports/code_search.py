@@ -7,7 +7,8 @@ first round); ``pilots/encoding__*.json``: the encoding pilot
 (``python -m hardbatch_experiments.recipes.codesearch.pilot``); ``pilots/wave1/``: the first
 wave of 150-step runs on the valid split, seed 0 (``scripts/codesearch_grid.sh`` with
 ``SEEDS=0 EVAL=valid``); ``confirm/``: the pre-registered confirmation on fresh seeds and the
-test split. Every arm is compared with ``default`` (and the hard-batch arms with ``mined``) on
+test split; ``pilots/wave2/``: wave 2's pilot (issue 43: sentence-transformers' hardness
+weighting, B3 as its authors run it), valid, seed 0. Every arm is compared with ``default`` (and the hard-batch arms with ``mined``) on
 the seeds both finished: the mean per-seed difference with its 95% t-interval. ``gpu/``: the
 runs of ``scripts/gpu_evidence.sh`` (full fine-tuning, whole epochs, B = 64 and 256, on a GPU;
 compared with ``default`` at the same batch size), ``gpu/timing/``: its timed steps.
@@ -140,6 +141,37 @@ def timing_table(folder: Path) -> str:
                "threads", "load average"], rows) if rows else "(no pilots)"
 
 
+#: Wave 2's pilot (issue 43): each arm's base, whose wave-1 run (valid, seed 0) it is read
+#: against; the label's ``@...`` part names the configuration (``ib3``: in-batch hardness,
+#: strength 3; ``all5``: all negatives, strength 5; ``authors``: B3's authors' settings).
+PILOT2_BASE = {"hardness": "default", "mined+hardness": "mined", "community": "community",
+               "community+mined": "community+mined"}
+
+
+def pilot2_table(wave1: Path, wave2: Path, split: str = "valid") -> str:
+    """Wave 2's pilot (one seed, so no interval): every run's MRR@10 (x 100) and its
+    difference from its base arm on the same seed (wave 1's run, or for ``community+mined``
+    hardbatch's own run of this wave), with the charged wall time. The choice it feeds is
+    written on the page before the confirmation runs."""
+    first, second = runs_by_arm(wave1), runs_by_arm(wave2)
+    rows = []
+    for label, rs in second.items():
+        arm = label.split("@")[0]
+        base_label = PILOT2_BASE.get(arm)
+        base = second.get(base_label) if base_label in second and base_label != label else \
+            first.get(base_label, {})
+        for seed, r in sorted(rs.items()):
+            value = metric_value(r, split, "mrr@10")
+            b = base.get(seed) if base else None
+            ref = metric_value(b, split, "mrr@10") if b else None
+            rows.append([label, seed, f"{100 * value:.2f}" if value is not None else "—",
+                         base_label or "—", f"{100 * ref:.2f}" if ref is not None else "—",
+                         f"{100 * (value - ref):+.2f}" if None not in (value, ref) else "—",
+                         f"{r['time_s']['charged_wall'] / 60:.1f}"])
+    return md(["run", "seed", f"MRR@10 ({split})", "base arm", "base MRR@10", "difference",
+               "wall (min, charged)"], rows) if rows else "(no runs yet)"
+
+
 def _device(r: dict) -> str:
     return r.get("env", {}).get("cuda") or r.get("config", {}).get("device", "cpu")
 
@@ -202,6 +234,7 @@ def tables(results: Path) -> dict[str, str]:
     """Every table of the page, by its block key."""
     return {"timing": timing_table(results / "pilots"),
             "wave1": arm_table(results / "pilots" / "wave1", "valid"),
+            "wave2": pilot2_table(results / "pilots" / "wave1", results / "pilots" / "wave2"),
             "confirm": arm_table(results / "confirm", "test"),
             "packages": package_table(results / "confirm", "test"),
             "gpu": gpu_table(results / "gpu"),
