@@ -4,7 +4,8 @@ replayed by any trainer (issue 44).
 Trainers that do not run hardbatch's sampler in their loop (FlagEmbedding, tevatron, a loop of
 one's own, a non-PyTorch stack) and multi-node jobs read the batches from a file, as TAS-B and
 B3 ship theirs. :func:`write_plan` (the command: ``hardbatch plan``) runs a sampler of
-:mod:`hardbatch.registry` over fixed embeddings for ``epochs`` epochs and ``world_size`` ranks;
+:mod:`hardbatch.registry` over fixed embeddings for ``epochs`` epochs and ``world_size`` ranks
+(:func:`write_batches`: the batches a sampler produced during a run, e.g. from the model);
 :class:`PlanBatchSampler` replays it in a ``DataLoader`` (:func:`plan_batch_sampler`: in
 ``SentenceTransformerTrainer``); :func:`plan_order` / :func:`write_in_plan_order` give a rank's
 rows in plan order to trainers that read rows sequentially.
@@ -44,7 +45,7 @@ from .distributed import get_rank_world
 from .registry import canonical_sampler, make_sampler
 
 __all__ = ["Plan", "PlanBatchSampler", "load_embeddings", "plan_batch_sampler", "plan_order",
-           "read_plan", "write_in_plan_order", "write_plan"]
+           "read_plan", "write_batches", "write_in_plan_order", "write_plan"]
 
 STATE_CHUNK = 256  # steps read back from one sampler state (below the samplers' 1024 lookback)
 WRITERS = {".parquet": "to_parquet", ".jsonl": "to_json", ".json": "to_json", ".csv": "to_csv"}
@@ -213,6 +214,68 @@ def write_plan(path, embeddings, sampler: str, batch_size: int, *, options: dict
     return read_plan(path)
 
 
+def write_batches(path, batches, *, num_rows: int, batch_size: int, sampler: str,
+                  seed: int = 0, options: dict | None = None, embeddings=None,
+                  run: dict | None = None) -> Plan:
+    """Write batches a sampler *produced* (recorded during training) to the plan file ``path``
+    (atomically); returns the :class:`Plan`. :func:`write_plan` reruns a registry sampler over
+    fixed embeddings; this writes what no rerun gives back: the batches of a sampler refreshed
+    from the model being trained, or of another library's sampler (sentence-transformers').
+
+    ``batches``: one list of batches (row ids) per epoch, every epoch the same number of
+    batches (the format's ``steps_per_epoch``), for one process (``world_size=1``: the global
+    plan that accelerate shards in ``SentenceTransformerTrainer``). ``sampler``, ``seed``,
+    ``options``: what produced them (stored as given). ``embeddings``: optional, those the
+    sampler planned from (their SHA-256 is stored; else ``embeddings_sha256`` is None).
+    ``run``: optional JSON-able facts about the run (stored under the metadata key ``run``,
+    read back as ``plan.run``).
+
+    Example:
+        >>> import tempfile
+        >>> from hardbatch.plan_files import PlanBatchSampler, write_batches
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> seen = [[[0, 3], [1, 2]], [[2, 0], [3, 1]]]  # two epochs of two batches, 4 rows
+        >>> plan = write_batches(f"{tmp.name}/run.parquet", seen, num_rows=4, batch_size=2,
+        ...                      sampler="knn", seed=5, run={"arm": "knn"})
+        >>> plan.batches(epoch=1), plan.run, plan.embeddings_sha256
+        ([[2, 0], [3, 1]], {'arm': 'knn'}, None)
+        >>> replay = PlanBatchSampler(plan, rank=0, world_size=1)
+        >>> [list(replay) for _ in range(2)] == seen
+        True
+        >>> tmp.cleanup()
+    """
+    num_rows, batch_size = check_int(num_rows, "num_rows", 1), check_int(batch_size,
+                                                                          "batch_size", 1)
+    epochs = [[np.asarray(b, np.int64).ravel() for b in epoch] for epoch in batches]
+    if not epochs or not epochs[0]:
+        raise ValueError("batches holds no batch; pass one list of batches per epoch")
+    steps = len(epochs[0])
+    for e, epoch in enumerate(epochs):
+        if len(epoch) != steps:
+            raise ValueError(f"batches: epoch {e} holds {len(epoch)} batches but epoch 0 holds "
+                             f"{steps}; a plan holds epochs of one length: pass whole epochs "
+                             "(draw the rest of a last, partial one from its sampler)")
+        for s, b in enumerate(epoch):
+            if not 1 <= len(b) <= batch_size or b.min() < 0 or b.max() >= num_rows:
+                raise ValueError(f"batches: epoch {e}, step {s} holds {len(b)} row ids in "
+                                 f"{b.min(initial=0)}..{b.max(initial=0)}; a batch holds 1.."
+                                 f"batch_size={batch_size} ids in 0..num_rows - 1={num_rows - 1}")
+    meta = {"format": FORMAT, "version": VERSION, "sampler": str(sampler),
+            "options": _jsonable(dict(options or {})), "seed": check_int(seed, "seed"),
+            "epochs": len(epochs), "world_size": 1, "batch_size": batch_size,
+            "steps_per_epoch": steps, "num_rows": num_rows,
+            "embeddings_sha256": None if embeddings is None else digest(
+                load_embeddings(embeddings)), "hardbatch_version": library_version()}
+    if run is not None:
+        try:
+            meta["run"] = json.loads(json.dumps(run))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"run must be JSON-able (numbers, strings, lists, dicts): {exc}"
+                             ) from None
+    write_table(path, meta, {(e, 0): epoch for e, epoch in enumerate(epochs)})
+    return read_plan(path)
+
+
 def _as_plan(plan) -> Plan:
     return plan if isinstance(plan, Plan) else read_plan(plan)
 
@@ -267,6 +330,9 @@ class PlanBatchSampler(Sampler[list[int]]):
                              f"{n}; write the plan from this dataset's embeddings (one row per "
                              "dataset row, in its order)")
         got = None if embeddings is None else digest(load_embeddings(embeddings))
+        if got is not None and p.embeddings_sha256 is None:
+            raise ValueError(f"{p.path} holds no embeddings' SHA-256 (written by write_batches "
+                             "without embeddings=) to check embeddings= against; leave it out")
         if got is not None and got != p.embeddings_sha256:
             raise ValueError(f"{p.path} was written from other embeddings (SHA-256 "
                              f"{p.embeddings_sha256[:16]}...) than embeddings= ({got[:16]}...); "

@@ -21,6 +21,13 @@ twice, rows never trained. So the sampler's state travels with the checkpoint:
   another gradient accumulation) the rest of the epoch is planned afresh from the rows not yet
   trained (:func:`rest_of_epoch`), so the epoch still trains every row once, and one warning
   says why the batches differ from those of the uninterrupted run.
+* Several datasets (a ``DatasetDict``; the trainer's ``multi_dataset_batch_sampler`` draws
+  from one sampler per dataset): each dataset's sampler logs the batches it yields, in the
+  order the combining sampler draws them (:attr:`EpochProgress.log`, one list per epoch), so
+  that a checkpoint holds each dataset's state at its own position (:func:`sources_state`)
+  and a resume restores each one (:func:`restore_sources`). Exact when every dataset's
+  sampler runs once per epoch, as the trainer's round-robin and proportional samplers and
+  hardbatch's size-proportional single-source sampler run them.
 """
 
 from __future__ import annotations
@@ -42,10 +49,12 @@ from ...keys.repair import separate_keys
 from .texts import column_texts
 
 __all__ = ["RESUME_FILE", "EpochProgress", "checkpoint_state", "register_resume",
-           "resume_callback", "rest_of_epoch", "restore", "trainer_position"]
+           "restore_sources", "resume_callback", "rest_of_epoch", "restore", "sources_state",
+           "trainer_position"]
 
 RESUME_FILE = "hardbatch_sampler.pt"  # beside the trainer's files in each checkpoint folder
 FORMAT = 1  # of the file's content
+SOURCES = "datasets"  # the kind of a multi-dataset run's file: one state per dataset
 _log = get_logger("integrations.sentence_transformers")
 _WHAT = "the hardbatch sampler state"
 
@@ -54,9 +63,12 @@ class EpochProgress:
     """What a :class:`~.sampler.HardNegativeBatchSampler` yields in the epoch it iterates (to
     know the rows trained at a checkpoint) and a resume waiting for its epoch.
 
-    ``pending`` is ``(epoch, skip, trained, replan)``: yield ``skip`` placeholder batches (the
-    trainer drops them), then the sampler's own batches, or with ``replan`` the rest of the epoch
-    planned afresh from the rows not in ``trained`` (a bool ``[N]`` array or None).
+    ``pending`` is ``(epoch, skip, trained, replan, only)``: yield ``skip`` placeholder batches
+    (the trainer drops them), then the sampler's own batches, or with ``replan`` the rest of the
+    epoch planned afresh from the rows not in ``trained`` (a bool ``[N]`` array or None); with
+    ``only`` nothing after them (the epoch was trained; the sampler holds the next one's state).
+    ``log``, shared by the samplers of a multi-dataset run, gets ``(progress, epoch, index)``
+    for every batch yielded.
     """
 
     def __init__(self) -> None:
@@ -67,28 +79,41 @@ class EpochProgress:
         self.exact = True  # False while an epoch planned afresh runs
         self.pending: tuple[int, int, np.ndarray | None, bool] | None = None
         self.hashes: torch.Tensor | None = None  # of the rows' texts, computed once
+        self.log: list | None = None
+
+    def keeps(self, epoch: int) -> bool:
+        """Whether ``epoch`` is a resumed one whose batches were all trained (the sampler then
+        keeps its loaded state, the next epoch's, through ``set_epoch(epoch)``)."""
+        return self.pending is not None and self.pending[4] and self.pending[0] == epoch
 
     def iterate(self, sampler):
         hard = sampler.hard_sampler
-        epoch = int(getattr(hard, "epoch", sampler.epoch))
+        only = self.keeps(sampler.epoch)
+        epoch = sampler.epoch if only else int(getattr(hard, "epoch", sampler.epoch))
         pending, self.pending = self.pending, None
         skip, trained, replan = 0, None, False
         if pending is not None and pending[0] == epoch:
-            _, skip, trained, replan = pending
+            _, skip, trained, replan, _ = pending
         self.epoch, self.start, self.yielded, self.base = epoch, skip, 0, trained
         self.counts = np.zeros(len(sampler.dataset), np.int32)
         self.recent.clear()
         self.exact = not replan
         placeholder = list(range(min(sampler.batch_size, len(sampler.dataset))))
-        for _ in range(skip):
+        for index in range(skip):
+            self._logged(epoch, index)
             yield list(placeholder)
-        batches = rest_of_epoch(sampler, epoch, skip, trained) if replan else hard
+        batches = [] if only else rest_of_epoch(sampler, epoch, skip, trained) if replan else hard
         for batch in batches:
             rows = np.asarray(batch, np.int64)
             np.add.at(self.counts, rows, 1)
             self.recent.append(rows)
+            self._logged(epoch, skip + self.yielded)
             self.yielded += 1
             yield rows.tolist()
+
+    def _logged(self, epoch: int, index: int) -> None:
+        if self.log is not None:
+            self.log.append((self, epoch, index))
 
     def trained(self, num_items: int, epoch: int, consumed: int) -> np.ndarray:
         """The rows of the first ``consumed`` batches of ``epoch`` (bool ``[N]``; those yielded
@@ -164,15 +189,16 @@ def _made_for(sampler) -> dict:
             "batch_size": sampler.batch_size, "drop_last": sampler.drop_last}
 
 
-def checkpoint_state(sampler, epoch: int, consumed: int) -> dict:
-    """The content of :data:`RESUME_FILE` after ``consumed`` batches of ``epoch``."""
+def checkpoint_state(sampler, epoch: int, consumed: int, at: int | None = None) -> dict:
+    """The content of :data:`RESUME_FILE` after ``consumed`` batches of ``epoch`` (``at``: the
+    sampler's ``state_dict`` argument, default ``consumed`` or None at an epoch's start)."""
     hard, progress = sampler.hard_sampler, sampler.progress
     state, note = {}, ""
     if not progress.exact:
         note = "it was written in an epoch that was itself planned afresh"
     elif callable(getattr(hard, "state_dict", None)):
         try:
-            state = hard.state_dict(consumed or None)
+            state = hard.state_dict(consumed or None if at is None else at)
         except ValueError as err:  # e.g. a loader far ahead of the loop
             note = f"the sampler could not save its state ({err})"
     trained = progress.trained(len(sampler.dataset), epoch, consumed)
@@ -207,6 +233,9 @@ def restore(sampler, saved: dict, path: str, epoch: int, consumed: int) -> str |
     ``consumed`` batches of ``epoch``: None if the run continues with the batches of the
     uninterrupted run, else why it cannot (the rest of the epoch is then planned afresh)."""
     verify(saved, f"{_WHAT} in {path}")
+    if saved.get("kind") == SOURCES:
+        raise ValueError(f"checkpoint {path} was written by a run on several datasets (a "
+                         "DatasetDict) but this run trains on one; resume with its datasets")
     changed = _check_made_for(sampler, saved, path)
     writer = (saved.get("integrity") or {}).get("library", "?")
     by = "" if writer == library_version() else f" (it was written by hardbatch {writer})"
@@ -230,10 +259,67 @@ def restore(sampler, saved: dict, path: str, epoch: int, consumed: int) -> str |
             why = f"its sampler state does not load into this sampler ({err}){by}"
     trained = np.asarray(saved["trained"], bool) if where[0] == epoch else None
     if why is None:  # placeholders for the skipped batches, then the sampler's own
-        sampler.progress.pending = (epoch, consumed, trained, False) if state else None
+        sampler.progress.pending = (epoch, consumed, trained, False,
+                                    consumed >= len(sampler)) if state else None
     elif consumed:
-        sampler.progress.pending = (epoch, consumed, trained, True)
+        sampler.progress.pending = (epoch, consumed, trained, True, False)
     return why
+
+
+def _mine(sampler, samplers) -> bool:
+    return any(sampler is s for s in samplers) and hasattr(sampler, "progress")
+
+
+def sources_state(combined, samplers, log: list, epoch: int, consumed: int) -> dict:
+    """The content of :data:`RESUME_FILE` for a multi-dataset run after ``consumed`` batches of
+    ``epoch`` of ``combined`` (the trainer's multi-dataset sampler): the state of each of its
+    samplers (those of ``samplers``, the factory's) at its own position, found in ``log``."""
+    log = log if consumed else []  # at an epoch's start the log is the last epoch's
+    out = []
+    for sub in combined.batch_samplers:
+        if not _mine(sub, samplers):
+            out.append({})
+            continue
+        done = [(e, k + 1) for p, e, k in log[:consumed] if p is sub.progress]
+        ahead = [(e, 0) for p, e, k in log[consumed:] if p is sub.progress]
+        if done or ahead:  # drawn this epoch: trained up to there (or fetched ahead only)
+            out.append(checkpoint_state(sub, *(done or ahead)[-1 if done else 0],
+                                        at=None if done else 0))
+        else:  # not drawn yet this epoch: its state at the end of the last one
+            out.append(checkpoint_state(sub, int(getattr(sub.hard_sampler, "epoch",
+                                                         sub.epoch)), 0))
+    return seal({"format": FORMAT, "kind": SOURCES, "epoch": epoch, "consumed": consumed,
+                 "sources": out}, _WHAT)
+
+
+def restore_sources(combined, samplers, saved: dict, path: str, epoch: int,
+                    consumed: int) -> str | None:
+    """Load a multi-dataset run's :data:`RESUME_FILE` content into the samplers of
+    ``combined``: None if the run continues with the batches of the uninterrupted run, else
+    why not (each dataset's sampler whose state does not load plans the rest of its epoch
+    afresh, from its rows not yet trained)."""
+    verify(saved, f"{_WHAT} in {path}")
+    subs, states = list(combined.batch_samplers), saved.get("sources")
+    if saved.get("kind") != SOURCES or not isinstance(states, list) or len(states) != len(subs):
+        was = f"{len(states)} datasets" if isinstance(states, list) else "one dataset"
+        raise ValueError(f"checkpoint {path} was written by a run on {was} but this run trains "
+                         f"on {len(subs)}; resume with the same datasets (train_dataset), or "
+                         "train afresh without resume_from_checkpoint")
+    where = (saved.get("epoch"), saved.get("consumed"))
+    if where != (epoch, consumed):
+        return (f"it was written after {where[1]} batches of epoch {where[0]} but the trainer "
+                f"resumes after {consumed} batches of epoch {epoch} (another "
+                "gradient_accumulation_steps or number of processes?)")
+    why = []
+    for i, (sub, state) in enumerate(zip(subs, states)):
+        at = (int(state["epoch"]), int(state["consumed"])) if state else None
+        if at is None or not _mine(sub, samplers):
+            continue
+        said = (f"its sampler ran its own epoch {at[0]} in epoch {epoch} (the multi-dataset "
+                "sampler runs it several times an epoch)") if at[1] and at[0] != epoch else \
+            restore(sub, state, path, *at)
+        why += [f"dataset {i}: {said}"] if said else []
+    return "; ".join(why) or None
 
 
 @functools.lru_cache(maxsize=None)
@@ -263,6 +349,7 @@ class ResumeHooks:
     def __init__(self, factory=None) -> None:
         self.factory = factory
         self.checkpoint: str | None = None  # what the trainer resumes from, seen by the factory
+        self.pulls: list = []  # a multi-dataset run's EpochProgress.log of the current epoch
         self._said: set[str] = set()
 
     def _say(self, message: str) -> None:
@@ -270,9 +357,9 @@ class ResumeHooks:
             self._said.add(message)
             _log.warning(message)
 
-    def _sampler(self, loader, resuming: bool = False):
+    def _sampler(self, loader):
         """The factory's sampler that ``loader`` draws from (through accelerate's and the
-        trainer's wrappers); None for a multi-dataset sampler (said once when ``resuming``)."""
+        trainer's wrappers), or the multi-dataset sampler drawing from the factory's."""
         mine = [] if self.factory is None else self.factory.samplers
         obj = loader
         for _ in range(8):
@@ -282,11 +369,11 @@ class ResumeHooks:
             if any(obj is s for s in mine):
                 return obj
             if hasattr(obj, "batch_samplers"):
-                if resuming:
-                    self._say("hardbatch does not restore the batch samplers of a multi-dataset "
-                              "run (a DatasetDict): a resumed run replans its interrupted epoch")
-                return None
+                return obj if any(_mine(s, mine) for s in obj.batch_samplers) else None
         return None
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.pulls.clear()  # each dataset's batches drawn this epoch, in order
 
     def on_save(self, args, state, control, **kwargs):
         loader = kwargs.get("train_dataloader")
@@ -299,13 +386,19 @@ class ResumeHooks:
             self._say(f"hardbatch: no checkpoint folder {folder} to save the sampler state in")
             return
         path = os.path.join(folder, RESUME_FILE)
-        torch.save(checkpoint_state(sampler, *where), path + ".tmp")
+        torch.save(sources_state(sampler, self.factory.samplers, self.pulls, *where)
+                   if hasattr(sampler, "batch_samplers") else checkpoint_state(sampler, *where),
+                   path + ".tmp")
         os.replace(path + ".tmp", path)
 
     def on_train_begin(self, args, state, control, **kwargs):
         loader = kwargs.get("train_dataloader")
-        sampler = self._sampler(loader, resuming=bool(state.global_step))
+        sampler = self._sampler(loader)
         where = trainer_position(args, state, loader)
+        subs = [s for s in getattr(sampler, "batch_samplers", [])
+                if _mine(s, self.factory.samplers)]
+        for sub in subs:  # a multi-dataset run: its samplers log what they yield
+            sub.progress.log = self.pulls
         if sampler is None or where is None or not state.global_step:
             return  # a fresh run
         folder = self.checkpoint or os.path.join(args.output_dir,
@@ -316,14 +409,18 @@ class ResumeHooks:
             why = "ignore_data_skip=True: the trainer restarts the epoch's data"
         elif not os.path.isfile(path):
             why = f"{folder} holds no {RESUME_FILE} (written without hardbatch's resume support)"
+        elif subs:
+            why = restore_sources(sampler, subs, torch.load(path, weights_only=True), folder,
+                                  epoch, consumed)
         else:
             why = restore(sampler, torch.load(path, weights_only=True), folder, epoch, consumed)
         if why is None:
             _log.info("resuming from %s: the sampler continues epoch %d after %d batches as "
                       "planned", folder, epoch, consumed)
             return
-        rest = "planned afresh from the rows not yet trained" if \
-            sampler.progress.pending else "planned from the model as it is now"
+        rest = "planned afresh from the rows not yet trained" if any(
+            s.progress.pending and s.progress.pending[3] for s in subs or [sampler]) else \
+            "planned from the model as it is now"
         self._say(f"resuming from {folder}: {why}; the rest of epoch {epoch} is {rest}, so its "
                   "batches may differ from those of the uninterrupted run")
 

@@ -199,7 +199,8 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Called by the trainer at every epoch start."""
         self.epoch = int(epoch)
-        self.hard_sampler.set_epoch(self.epoch)
+        if not self.progress.keeps(self.epoch):  # (a resumed epoch trained whole: see resume)
+            self.hard_sampler.set_epoch(self.epoch)
 
     def state_dict(self, consumed: int | None = None) -> dict:
         return self.hard_sampler.state_dict(consumed)

@@ -8,7 +8,9 @@ the checkpoint's weights, and the trainer's skip cut into that other plan: rows 
 rows never trained. The sampler's state now travels with the checkpoint (``hardbatch_sampler.pt``
 written by the callback the factory registers). Where it cannot be used, the rest of the epoch
 is planned from the rows not yet trained (each row still once) and one warning says why; a
-checkpoint of another sampler, batch size or dataset raises before training.
+checkpoint of another sampler, batch size or dataset raises before training. With several
+datasets (a DatasetDict) each dataset's sampler is restored at its own position, under the
+trainer's proportional and round-robin samplers and hardbatch's single-source sampler.
 
 Small and fast: 96 code-search pairs, B = 16 (6 steps an epoch, 2 epochs), all-MiniLM-L6-v2
 offline cut to its first layer with frozen word embeddings (the mechanism does not depend on
@@ -47,8 +49,8 @@ N, B, EPOCHS = 96, 16, 2
 STEPS = EPOCHS * N // B  # 12 update steps (without gradient accumulation)
 
 
-@pytest.fixture(scope="module")
-def pairs(data_root):
+def code_pairs(data_root):
+    """The first N (query, code) pairs of the shared code-search valid split."""
     rows = []
     with gzip.open(data_root / "code" / "valid.jsonl.gz", "rt") as f:
         for line in f:
@@ -59,8 +61,8 @@ def pairs(data_root):
                                        "positive": [r["code"] for r in rows]})
 
 
-@pytest.fixture(scope="module")
-def prototype():
+def tiny_minilm():
+    """all-MiniLM-L6-v2 cut to its first layer, word embeddings frozen, 16 tokens."""
     model = st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
     model.max_seq_length = 16
     bert = model[0].auto_model
@@ -68,6 +70,16 @@ def prototype():
     bert.config.num_hidden_layers = 1
     bert.embeddings.word_embeddings.requires_grad_(False)
     return model
+
+
+@pytest.fixture(scope="module")
+def pairs(data_root):
+    return code_pairs(data_root)
+
+
+@pytest.fixture(scope="module")
+def prototype():
+    return tiny_minilm()
 
 
 class RowIds:
@@ -255,11 +267,13 @@ def uniform_checkpoint(prototype, pairs, tmp_path_factory):
     return out / "checkpoint-3"
 
 
-@pytest.mark.parametrize("what", ["sampler", "batch size", "dataset"])
-def test_a_checkpoint_of_another_run_is_refused_before_training(prototype, pairs, tmp_path,
+@pytest.mark.parametrize("what", ["sampler", "batch size", "dataset", "datasets"])
+def test_a_checkpoint_of_another_run_is_refused_before_training(prototype, pairs, two, tmp_path,
                                                                 uniform_checkpoint, what):
     kind, data, size = "uniform", pairs, B
-    if what == "sampler":
+    if what == "datasets":  # a DatasetDict resumed from a one-dataset run's checkpoint
+        data = two
+    elif what == "sampler":
         kind = "knn"
     elif what == "batch size":
         size = 8
@@ -274,7 +288,8 @@ def test_a_checkpoint_of_another_run_is_refused_before_training(prototype, pairs
                                loss=MultipleNegativesRankingLoss(model))
     trainer.trained = []
     match = {"sampler": "kind='uniform'.*kind='knn'", "batch size": "batch_size=16.*batch_size=8",
-             "dataset": "another dataset: 60 of its 96 rows' texts differ"}[what]
+             "dataset": "another dataset: 60 of its 96 rows' texts differ",
+             "datasets": "a run on one dataset but this run trains on 2"}[what]
     with pytest.raises(ValueError, match=f"checkpoint .*checkpoint-3 .*{match}"):
         trainer.train(resume_from_checkpoint=str(uniform_checkpoint))
     assert trainer.trained == []
@@ -283,20 +298,20 @@ def test_a_checkpoint_of_another_run_is_refused_before_training(prototype, pairs
 # Several datasets (a DatasetDict: one hardbatch sampler per dataset, combined by the trainer's
 # multi_dataset_batch_sampler): 64 + 32 pairs, 4 + 2 batches an epoch. Proportional and
 # hardbatch's single-source sampler: 6 steps an epoch; round robin: 4 (2 of each dataset).
-# (id, sampler, options, combination, checkpoint step): checkpoint 5 is after every batch of
-# the small dataset in epoch 0, 6 at the epoch boundary.
+# (id, sampler, options, combination, checkpoint step): checkpoint 5 comes after every batch
+# of the large dataset in epoch 0 (the proportional order drew it first), 6 at the boundary.
 MULTI_CASES = [
     ("proportional-gcbs", "gcbs", {}, "proportional", 3),
-    ("proportional-knn-every-2-small-done", "knn", {"refresh_every": 2}, "proportional", 5),
+    ("proportional-knn-every-2-one-done", "knn", {"refresh_every": 2}, "proportional", 5),
     ("round-robin-proximity-every-3", "proximity", {"refresh_every": 3}, "round_robin", 3),
-    ("single-source-cluster-boundary", "cluster", {}, "single_source", 6),
+    ("single-source-knn-every-3-boundary", "knn", {"refresh_every": 3}, "single_source", 6),
     ("single-source-community", "community", {}, "single_source", 8),
 ]
 
 
 @pytest.fixture(scope="module")
 def two(pairs):
-    return datasets.DatasetDict({"a": pairs.select(range(64)), "b": pairs.select(range(64, N))})
+    return datasets.DatasetDict({"a": pairs.select(range(32, N)), "b": pairs.select(range(32))})
 
 
 @pytest.mark.parametrize("case", MULTI_CASES, ids=lambda c: c[0])
@@ -310,6 +325,8 @@ def test_a_resumed_multi_dataset_run_continues_with_the_uninterrupted_batches(
                           multi_dataset_batch_sampler=combine)
     saved = torch.load(tmp_path / "full" / f"checkpoint-{at}" / RESUME_FILE, weights_only=True)
     assert len(saved["sources"]) == 2 and saved["kind"] == "datasets"
+    if "one-done" in case[0]:  # the large dataset's epoch was trained whole
+        assert [s["consumed"] for s in saved["sources"]] == [4, 1]
     with caplog.at_level(logging.WARNING, logger="hardbatch"):
         rest, resumed = train(prototype, two, tmp_path / "resumed", kind, options,
                               resume=tmp_path / "full" / f"checkpoint-{at}",

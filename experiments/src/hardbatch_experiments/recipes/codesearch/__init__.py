@@ -22,7 +22,8 @@ data-order seed and dropout stream (reseeded when training starts): paired compa
 Modules: :mod:`.data` (the checked pair loader), :mod:`.evaluation` (metrics, pure functions),
 :mod:`.model` (sentence-transformers glue: frozen layers, per-column token limits, encoding,
 mining), :mod:`.run` (arms, run tag, one run), :mod:`.cli` (``hardbatch bench codesearch``),
-:mod:`.pilot` (the encoding-time pilot).
+:mod:`.pilot` (the encoding-time pilot), :mod:`.plans` (``--write-plan`` / ``--replay-plan``: a
+run's exact batches as a plan file, to train on them again on another machine).
 
 Usage::
 

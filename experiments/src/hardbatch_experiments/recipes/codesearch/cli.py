@@ -22,6 +22,7 @@ import torch
 from hardbatch.cli_types import nonnegative_int, positive_float, positive_int
 
 from ... import runs
+from . import plans
 from .data import SPLITS, load_code_pairs, split_path
 from .evaluation import distractor_pools
 from .model import DEVICES, device_record, resolve_device, training_classes
@@ -143,6 +144,17 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training precision: fp32 (default) or bf16 (the trainer's bf16 mixed "
                         "precision); bf16 enters the run tag")
     runs.add_grid_arguments(p, out="results/code_search")
+    g = p.add_argument_group("plan files: the exact batches of a run (docs/plan_files.md)")
+    g.add_argument("--write-plan", nargs="?", const="", default=None, metavar="DIR",
+                   help="write the batches every arm's sampler gave the trainer, with the run's "
+                        "arm, seed, rows' SHA-256 and training options, to a plan file "
+                        f"(RESULT{plans.PLAN_SUFFIX}) in DIR (default: beside the run's JSON); "
+                        "its path goes into the JSON's 'plan'")
+    g.add_argument("--replay-plan", default=None, metavar="FILE",
+                   help="train on the batches of a plan file written by --write-plan instead of "
+                        "building the arm's sampler (the arm and seed are the plan's; the data "
+                        "and training options must be its run's, checked): the same batches on "
+                        "any machine; the result's label gets @replay")
     g = p.add_argument_group("time budget (scripts/gpu_evidence.sh)")
     budget_options = (  # (option, type, default, metavar, help)
         ("--batch-sizes", _batch_size_list, None, "B,B,...",
@@ -179,6 +191,10 @@ def _check(args) -> None:
                          f"arms only; add one (e.g. --arm {COMMUNITY}) or drop the option")
     if args.time_budget and args.max_epochs and args.steps:
         raise ValueError("--max-epochs sizes --epochs; drop it or --steps")
+    if args.replay_plan and (args.write_plan is not None or args.time_budget or
+                             args.batch_sizes):
+        raise ValueError("--replay-plan trains one run from its plan file: drop --write-plan, "
+                         "--time-budget and --batch-sizes")
     splits = _splits(args.eval_split)
     if not splits and not args.eval_file:
         print("[codesearch] warning: no evaluation set (--eval-split none, no --eval-file): the "
@@ -248,12 +264,14 @@ def _command(args, arm: str, seed: int) -> str:
                 or value == defaults[key]:
             continue
         for v in (value if isinstance(value, list) else [value]):
-            parts += [f"--{key.replace('_', '-')}", str(v)]
+            parts += [f"--{key.replace('_', '-')}"] + ([str(v)] if v != "" else [])
     return " ".join(parts)
 
 
 def run_codesearch(args) -> int:
     """Run every (arm, seed) of ``args``; returns a process exit code."""
+    if args.replay_plan:
+        plans.plan_identity(args)
     _check(args)
     args.device = resolve_device(args.device)
     arms = parse_arms(args.arm)
@@ -361,7 +379,7 @@ def _time_steps(args, arm: Arm, b: int, seed: int, train, folder: Path,
     seconds around the steps (model load, sampler build, cache reads; not a computation that
     the cache now holds) and the training rows; ``{"error": ...}`` when the run failed."""
     cell = _cell_args(args, b, steps=args.timing_warmup + args.timing_steps, epochs=None,
-                      eval_split="none", eval_file=None, eval_limit=None)
+                      eval_split="none", eval_file=None, eval_limit=None, write_plan=None)
     path = result_path(folder, arm_label(arm, cell), seed, run_tag(cell, len(train)))
     rec = _stored(path, device_name, args.force)
     if rec is None:

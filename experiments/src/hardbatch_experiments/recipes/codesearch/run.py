@@ -32,6 +32,7 @@ from hardbatch.registry import canonical_sampler, sampler_names
 
 from ... import runs
 from ...sts import load_sentence_transformer
+from . import plans
 from .cache import mined_triplets, teacher_embeddings
 from .data import CodePairs
 from .evaluation import PROTOCOL, code_search_metrics, query_groups
@@ -159,6 +160,8 @@ def arm_label(arm: Arm, args) -> str:
         label += f"@{HARDNESS_MODES[mode]}{args.hardness_strength:g}"
     if _sampler_options(arm, args):
         label += f"@{args.community_config}"
+    if getattr(args, "replay_plan", None):  # trained on a plan file's batches: another run
+        label += "@replay"
     return label
 
 
@@ -308,7 +311,9 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
             command: str, extra: dict | None = None) -> dict:
     """Train the arm with ``seed``, evaluate it, write ``path`` (JSON) and return the record
     (``extra``: more top-level fields of the record, e.g. a time budget's account). The model,
-    the mining, the encodings and the training run on ``args.device`` (default cpu)."""
+    the mining, the encodings and the training run on ``args.device`` (default cpu). With
+    ``args.write_plan`` the batches the trainer got go to a plan file beside the JSON; with
+    ``args.replay_plan`` the trainer gets that file's batches instead (:mod:`.plans`)."""
     from datasets import Dataset
 
     t_start, c_start = time.perf_counter(), time.process_time()
@@ -331,9 +336,12 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
         timings["mining"] = mining["seconds"]
         cache_reads += [(mining["read_s"], mining["seconds"])] if mining["cached"] else []
     built: list[TimedSampler] = []
-    batch_sampler = no_duplicates_sampler()
-    if arm.sampler not in (DEFAULT_SAMPLER, ZERO_SHOT):
-        seed_emb = None
+    batch_sampler, seed_emb, plan = no_duplicates_sampler(), None, None
+    replay = getattr(args, "replay_plan", None) and arm.sampler != ZERO_SHOT
+    if replay:  # the plan's batches, checked to be this arm's, seed's, rows' and settings'
+        batch_sampler, plan = plans.replay_sampler(
+            args, arm, seed, train, plans.training_settings(args, arm, _loss_options(arm, args)))
+    elif arm.sampler not in (DEFAULT_SAMPLER, ZERO_SHOT):
         if arm.encodes:  # the teacher: the starting model's embeddings, computed once
             column = "anchor" if args.embed_column == "query" else "positive"
             length = args.max_query_length if column == "anchor" else args.max_seq_length
@@ -346,16 +354,25 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
                "negative": args.max_seq_length}
     trace: dict = {"step": [], "loss": [], "step_s": [], "step_cpu_s": []}
     model.max_seq_length = args.max_seq_length  # encodings by the sampler's refreshes
+    recorders: list = []  # with --write-plan: the trainer's batch sampler, recorded
     if arm.sampler == ZERO_SHOT:
         train_wall, steps, train_loss = 0.0, 0, None
     else:
+        classes = training_classes()
+        if getattr(args, "write_plan", None) is not None:
+            classes = (plans.recording_trainer(classes[0], recorders), *classes[1:])
         train_wall, steps, train_loss = _train(args, model, train, batch_sampler, lengths,
-                                               trace, seed, training_classes(),
-                                               _loss_options(arm, args))
+                                               trace, seed, classes, _loss_options(arm, args))
     trace.pop("last", None)
     sampler_s = sum(b.seconds for b in built)
     timings["encoding_refresh"] += sampler_s
     timings["training"] = train_wall - sampler_s
+    if recorders:  # outside the timings above (drawing a partial epoch's rest included)
+        plan = plans.write_run_plan(args, arm, seed, path, train, recorders[0], {
+            "label": arm_label(arm, args), "tag": run_tag(args, len(train_pairs)),
+            "command": command,
+            "training": plans.training_settings(args, arm, _loss_options(arm, args))},
+            embeddings=seed_emb)
     model.max_seq_length = eval_len
     model.eval()
     if args.save_model:
@@ -388,6 +405,7 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
             "freeze_layers": args.freeze_layers, "parameters": params, "drop_last": True,
             "device": device, "precision": getattr(args, "precision", "fp32"),
             "batch_sampler": (None if arm.sampler == ZERO_SHOT else
+                              f"plan_batch_sampler({args.replay_plan!r})" if replay else
                               "sentence-transformers BatchSamplers.NO_DUPLICATES"
                               if arm.sampler == DEFAULT_SAMPLER else
                               f"hard_negative_batch_sampler({arm.sampler!r})"),
@@ -416,6 +434,7 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
                      "cpu_time_s: CPU seconds of all threads (less sensitive to other load)",
         "command": command,
         "env": {**runs.env_record(), **library_versions(), "load_average": os.getloadavg()},
+        **({"plan": plan} if plan else {}),
         **(extra or {}),
     }
     runs.write_json_atomic(path, record)
