@@ -95,8 +95,8 @@ CALLS = {
         hardest=2, synthetic=2, generator=v),
     ("hardbatch.losses.modules.SSCLLoss.Options", "generator"): lambda v: hb.SSCLLoss.Options(
         generator=v),
-    ("hardbatch.losses.options.SSCLOptions", "generator"): lambda v: _module(
-        "hardbatch.losses.options.SSCLOptions")(generator=v),
+    ("hardbatch.losses.loss_options.SSCLOptions", "generator"): lambda v: _module(
+        "hardbatch.losses.loss_options.SSCLOptions")(generator=v),
     ("hardbatch.integrations.pyg_augment.augment_batch", "generator"): lambda v: _module(
         "hardbatch.integrations.pyg_augment.augment_batch")(_pyg_batch(), generator=v),
     ("hardbatch.integrations.pyg.graph_embeddings", "device"): lambda v: _module(

@@ -40,7 +40,7 @@ from .inputs import (
     gathered_batch,
     to_compute,
 )
-from .options import InfoNCEOptions
+from .loss_options import InfoNCEOptions
 from .synthetic import synthetic_logits
 
 _LOG_HALF = -math.log(2.0)
@@ -56,7 +56,7 @@ def compute_loss(options: InfoNCEOptions, anchor: Tensor, positive: Tensor,
         >>> import torch
         >>> from hardbatch.losses import info_nce
         >>> from hardbatch.losses.core import compute_loss
-        >>> from hardbatch.losses.options import InfoNCEOptions
+        >>> from hardbatch.losses.loss_options import InfoNCEOptions
         >>> _ = torch.manual_seed(0)
         >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
         >>> loss = compute_loss(InfoNCEOptions(temperature=0.1), a, p)
@@ -90,7 +90,7 @@ def floor_stats(options: InfoNCEOptions, anchor: Tensor, positive: Tensor,
     Example:
         >>> import torch
         >>> from hardbatch.losses.core import floor_stats
-        >>> from hardbatch.losses.options import DCLOptions
+        >>> from hardbatch.losses.loss_options import DCLOptions
         >>> _ = torch.manual_seed(0)
         >>> a, p = torch.randn(4, 8), torch.randn(4, 8)
         >>> floor_stats(DCLOptions(), a, p)[0]

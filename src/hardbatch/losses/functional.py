@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .core import compute_loss, floor_stats
-from .options import DCLOptions, Form, HCLOptions, InfoNCEOptions, Reduction, SSCLOptions
+from .loss_options import DCLOptions, Form, HCLOptions, InfoNCEOptions, Reduction, SSCLOptions
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from .core import compute_loss, floor_stats
-from .options import DCLOptions, Form, HCLOptions, InfoNCEOptions, Reduction, SSCLOptions
+from .loss_options import DCLOptions, Form, HCLOptions, InfoNCEOptions, Reduction, SSCLOptions
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

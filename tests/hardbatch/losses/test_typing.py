@@ -20,7 +20,7 @@ from support import REPO
 import hardbatch.losses as losses
 from hardbatch.losses import functional
 from hardbatch.losses.functional import contrastive_loss
-from hardbatch.losses.options import (
+from hardbatch.losses.loss_options import (
     OFF,
     DCLOptions,
     HCLOptions,

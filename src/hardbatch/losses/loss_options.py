@@ -79,7 +79,7 @@ class LossOptions:
         there, the others at their defaults.
 
         Example:
-            >>> from hardbatch.losses.options import DCLOptions
+            >>> from hardbatch.losses.loss_options import DCLOptions
             >>> DCLOptions.of({"temperature": 0.2, "anchor": None}).temperature
             0.2
         """
@@ -107,7 +107,7 @@ class InfoNCEOptions(LossOptions):
     """Options of :func:`~hardbatch.losses.info_nce` and :class:`~hardbatch.losses.InfoNCE`.
 
     Example:
-        >>> from hardbatch.losses.options import InfoNCEOptions
+        >>> from hardbatch.losses.loss_options import InfoNCEOptions
         >>> InfoNCEOptions(temperature=0.1, form="simcse")
         InfoNCEOptions(temperature=0.1, form='simcse')
         >>> InfoNCEOptions(form="moco")
@@ -131,7 +131,7 @@ class DCLOptions(InfoNCEOptions):
     """Options of :func:`~hardbatch.losses.debiased_info_nce`: InfoNCE's and ``tau_plus``.
 
     Example:
-        >>> from hardbatch.losses.options import DCLOptions
+        >>> from hardbatch.losses.loss_options import DCLOptions
         >>> DCLOptions(tau_plus=0.05).tau_plus, DCLOptions().beta  # no HCL weights
         (0.05, 0.0)
     """
@@ -145,7 +145,7 @@ class HCLOptions(DCLOptions):
     """Options of :func:`~hardbatch.losses.hard_negative_info_nce`: DCL's and the weights'.
 
     Example:
-        >>> from hardbatch.losses.options import HCLOptions
+        >>> from hardbatch.losses.loss_options import HCLOptions
         >>> HCLOptions(beta=0.5)
         HCLOptions(temperature=0.5, form='simclr', tau_plus=0.1, beta=0.5)
     """
@@ -159,7 +159,7 @@ class SSCLOptions(HCLOptions):
     """Options of :func:`~hardbatch.losses.sscl_loss`: HCL's and the synthetic negatives'.
 
     Example:
-        >>> from hardbatch.losses.options import SSCLOptions
+        >>> from hardbatch.losses.loss_options import SSCLOptions
         >>> SSCLOptions(hardest=4, synthetic=2).hardest
         4
         >>> SSCLOptions(synthetic=-1)
