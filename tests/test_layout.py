@@ -140,6 +140,17 @@ def test_library_modules_are_short():
     assert not long, long
 
 
+def test_no_two_library_modules_share_a_stem():
+    """A module's file name finds it: one ``knn_graph``, one ``options`` ... in the library."""
+    stems: dict[str, list[str]] = {}
+    for path in sorted((SRC["hardbatch"] / "hardbatch").rglob("*.py")):
+        if path.name != "__init__.py":
+            stems.setdefault(path.stem.lstrip("_"), []).append(
+                str(path.relative_to(SRC["hardbatch"])))
+    shared = {stem: paths for stem, paths in stems.items() if len(paths) > 1}
+    assert not shared, f"module names used twice (rename one): {shared}"
+
+
 def test_sampler_and_loss_names_are_defined_once():
     """A literal tuple/list of the sampler (or loss) names appears only in hardbatch.registry."""
     bad = []

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._inputs import (
+from ._input_checks import (
     ArrayLike,
     BatchLike,
     as_batch,

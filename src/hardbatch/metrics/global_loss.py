@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .._validation import as_embeddings
-from ._inputs import ArrayLike, BatchLike, as_batches, reference_table
+from ._input_checks import ArrayLike, BatchLike, as_batches, reference_table
 
 __all__ = ["LossGap", "loss_gap"]
 

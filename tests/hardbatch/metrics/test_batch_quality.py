@@ -1,6 +1,6 @@
 """hardbatch.metrics.batch_quality (per batch and per plan) against plain-Python references,
 on real data (digits) and in a fixed reference embedding; its input checks
-(hardbatch.metrics._inputs) next to it; the figures of hardbatch.plots drawn from its histograms."""
+(hardbatch.metrics._input_checks) next to it; the figures of hardbatch.plots drawn from its histograms."""
 
 import itertools
 import math
@@ -219,7 +219,7 @@ def test_batch_stats_reference_figures_are_measured_in_the_reference(tiny, refer
 
 
 # ---------------------------------------------------------------------------------------------
-# validation (the checks of hardbatch.metrics._inputs through these functions)
+# validation (the checks of hardbatch.metrics._input_checks through these functions)
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("call, match", [
     (lambda x, y: M.batch_hardness(x, [0, 99]), r"batch holds item id 99, outside \[0, 12\)"),
