@@ -16,13 +16,15 @@ Data: ``wiki``: all-MiniLM-L6-v2 embeddings (d = 384) of the shared Wikipedia se
 ``--cache`` as ``.npy`` so that the children load rather than draw it. Samplers (B = ``--batch``,
 seed 0, the registry's defaults otherwise): ``cluster`` (``kmeans_levels=None``),
 ``cluster@levels=L`` (a k-means tree of L levels), ``community`` (its default at that N),
-``community@cells=C`` (cells of about C items), ``community@global`` (``cell_items=0``).
+``community@cells=C`` (cells of about C items), ``community@global`` (``cell_items=0``);
+``+workers=W`` runs the cell-local build in W threads (the sampler's ``LOCAL_WORKERS``, 2).
 
 Each build runs in a child process of its own (``--limit`` seconds at most): the first epoch
 (build and order) over fixed embeddings, timed by component (wrappers around the functions the
 samplers call: their wall seconds, and for the cells' kNN graphs, graph assembly and METIS,
 which run in two worker threads, thread-seconds), the process's peak RSS (``ru_maxrss``) with
-the embeddings and after loading them, and the load average before. The child saves the
+the embeddings and after loading them, the process's CPU seconds (at most twice the wall
+time on 2 cores) and the load average before and after. The child saves the
 epoch's order and the coarse cells into ``--cache``; ``--quality`` then measures, in the
 embeddings themselves (the fixed reference), the batch hardness (mean over items of the largest
 cosine to another item of their batch) of every saved order, that of a uniform order, and the
@@ -76,14 +78,22 @@ def load(kind: str, n: int, cache: Path) -> np.ndarray:
 
 
 def sampler_of(name: str, x: np.ndarray, b: int):
-    kind, _, variant = name.partition("@")
+    """``kind@option=value+option=value``: ``levels`` (kmeans_levels), ``cells`` (cell_items),
+    ``global`` (cell_items=0), ``workers`` (the cell-local build's threads, a module constant)."""
+    kind, _, variants = name.partition("@")
     opts: dict = {}
-    if variant.startswith("levels="):
-        opts["kmeans_levels"] = int(variant.split("=")[1])
-    elif variant.startswith("cells="):
-        opts["cell_items"] = int(variant.split("=")[1])
-    elif variant == "global":
-        opts["cell_items"] = 0
+    for variant in filter(None, variants.split("+")):
+        key, _, value = variant.partition("=")
+        if key == "levels":
+            opts["kmeans_levels"] = int(value)
+        elif key == "cells":
+            opts["cell_items"] = int(value)
+        elif key == "global":
+            opts["cell_items"] = 0
+        elif key == "workers":
+            sys.modules["hardbatch.samplers.community_sampler"].LOCAL_WORKERS = int(value)
+        else:
+            raise ValueError(f"unknown sampler variant {variant!r} in {name!r}")
     return hb.registry.make_sampler(kind, x, b, seed=0, **opts)
 
 
@@ -125,7 +135,7 @@ def child(name: str, kind: str, n: int, b: int, cache: Path) -> dict:
     lc = sys.modules["hardbatch.batching.local_communities"]
     cm = sys.modules["hardbatch.batching.communities"]
     for module, fname, part in (
-            (cs, "coarse_cells", "cells (k-means tree)"), (cs, "local_communities", "by cell (wall)"),
+            (cs, "coarse_cells", "cells (k-means)"), (cs, "local_communities", "by cell (wall)"),
             (cs, "knn_graph", "kNN graph"), (lc, "cell_neighbors", "kNN graph"),
             (cm, "rank_graph", "graph assembly"), (cm, "metis_parts", "METIS"),
             (cs, "community_labels", "partition (wall)"), (cs, "rank_graph", "skipped pairs"),
@@ -135,18 +145,19 @@ def child(name: str, kind: str, n: int, b: int, cache: Path) -> dict:
             (cl, "group_order", "ordering"), (cl, "separate_keys", "ordering")):
         clock.wrap(module, fname, part, capture=fname == "coarse_cells")
     load_avg = os.getloadavg()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     sampler = sampler_of(name, x, b)
     batches = list(sampler)
-    epoch = time.perf_counter() - t0
-    tag = f"{kind}_{n}_{name.replace('@', '-').replace('=', '')}"
+    epoch, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    tag = f"{kind}_{n}_{name.replace('@', '-').replace('=', '').replace('+', '-')}"
     order = np.concatenate([np.asarray(bt, np.int64) for bt in batches])
     np.save(cache / f"order_{tag}.npy", order)
-    if "cells (k-means tree)" in clock.captured:
-        np.save(cache / f"cells_{tag}.npy", clock.captured["cells (k-means tree)"])
+    if "cells (k-means)" in clock.captured:
+        np.save(cache / f"cells_{tag}.npy", clock.captured["cells (k-means)"])
     out = {"epoch_s": epoch, "build_s": sampler.last_refresh_seconds, "peak_rss_gb": rss_gb(),
            "data_rss_gb": loaded, "embeddings_gb": x.nbytes / 2**30, "batches": len(batches),
-           "loadavg_before": [round(v, 2) for v in load_avg], "parts": clock.parts,
+           "loadavg_before": [round(v, 2) for v in load_avg], "cpu_s": cpu,
+           "loadavg_after": [round(v, 2) for v in os.getloadavg()], "parts": clock.parts,
            "order_file": str(cache / f"order_{tag}.npy"), "d": int(x.shape[1])}
     for key in ("num_clusters", "fill_batches", "parts", "separated", "forced_pairs",
                 "cell_items_used", "kmeans_levels"):
@@ -191,15 +202,16 @@ def in_cell_share(x: torch.Tensor, cells: np.ndarray, samples: int = 2000) -> di
     rng = np.random.default_rng(0)
     pick = np.sort(rng.choice(len(x), size=min(samples, len(x)), replace=False))
     k = SKIP + WINDOW
+    q = x[torch.from_numpy(pick)]
     best_v = torch.full((len(pick), k), -torch.inf)
     best_i = torch.zeros((len(pick), k), dtype=torch.int64)
-    q = x[torch.from_numpy(pick)]
-    for s in range(0, len(x), 1 << 18):
-        sims = q @ x[s:s + (1 << 18)].T
-        own = (torch.from_numpy(pick)[:, None] == torch.arange(s, s + sims.shape[1])[None])
-        sims[own] = -torch.inf
-        v, i = torch.cat([best_v, sims], 1), torch.cat([best_i, torch.arange(
-            s, s + sims.shape[1]).expand(len(pick), -1)], 1)
+    rows = torch.arange(len(pick))
+    for s in range(0, len(x), 1 << 16):  # blocks of [samples, 65536] similarities (0.5 GB)
+        sims = q @ x[s:s + (1 << 16)].T
+        mine = (pick >= s) & (pick < s + sims.shape[1])
+        sims[rows[mine], torch.from_numpy(pick[mine] - s)] = -torch.inf  # the item itself
+        top = sims.topk(min(k, sims.shape[1]), dim=1)
+        v, i = torch.cat([best_v, top.values], 1), torch.cat([best_i, top.indices + s], 1)
         top = v.topk(k, dim=1)
         best_v, best_i = top.values, i.gather(1, top.indices)
     same = cells[best_i.numpy()] == cells[pick][:, None]
@@ -234,7 +246,7 @@ def quality(results: dict, b: int, cache: Path) -> None:
 
 def markdown(results: dict) -> str:
     lines = ["| data | N | d | sampler | build (s) | epoch (s) | components (s) | peak RSS (GB) | "
-             "embeddings (GB) | hardness | notes |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "embeddings (GB) | hardness | notes |", "|---" * 11 + "|"]
     quality_rows = results.get("quality", {})
     for key, r in results["runs"].items():
         kind, n, name = key.split(":")

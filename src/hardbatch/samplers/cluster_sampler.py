@@ -10,9 +10,12 @@ import torch
 from .. import _rng
 from .._device import resolve_device
 from .._validation import check_choice, check_int
-from ..batching.communities import KMEANS_BACKENDS, group_order, groups_per_batch, spherical_clusters
+from .._memory import check_memory
+from ..batching.communities import group_order, groups_per_batch, spherical_clusters
 from ..embeddings import EmbeddingSource
-from ..keys.duplicates import separate_keys
+from ..keys.repair import separate_keys
+from ..neighbors.kmeans import KMEANS_BACKENDS
+from ..neighbors.kmeans_tree import kmeans_tree, kmeans_tree_bytes, tree_levels
 from .options import ClusterOptions, take_options
 from .partition_sampler import PartitionSampler, fixed_source, load_order, save_order
 
@@ -28,7 +31,7 @@ class ClusterBatchSampler(PartitionSampler):
 
     Build (:func:`hardbatch.batching.communities.spherical_clusters`): spherical k-means with
     ``clusters`` centroids (faiss ``Kmeans(spherical=True)`` when installed, else
-    :func:`hardbatch.batching.gcbs.spherical_kmeans`; two levels above 256 clusters). Each epoch
+    :func:`hardbatch.neighbors.kmeans.spherical_kmeans`; two levels above 256 clusters). Each epoch
     (:func:`hardbatch.batching.communities.group_order`): the clusters in a random order, their items
     shuffled, split into c = ``clusters_per_batch`` lanes; slot j of a batch (B / c items) comes
     from lane j, whole slots of a cluster first. A cluster that runs out mid-batch is continued
@@ -47,6 +50,15 @@ class ClusterBatchSampler(PartitionSampler):
     clustering of N rows in d dims costs about ``iters * d * N * sqrt(clusters)`` (two levels)
     multiply-adds plus an ``N x clusters`` assignment for up to 256 clusters.
 
+    Scale (``kmeans_levels``): a tree of k-means (:func:`hardbatch.neighbors.kmeans_tree.
+    kmeans_tree`) with that many levels, branching about ``clusters^(1/levels)``: 3 levels cost
+    ``N d (3 clusters^(1/3))`` per iteration (at N = 10M, B = 64: 162 centroids per item instead
+    of 791 with two levels) and use the sampler's normalised rows without a copy; the clusters
+    are those of a deeper tree (an item's cluster is the nearest centroid of its last level
+    only). None (default): the build above (``spherical_clusters``), the same at every N. Before
+    the build allocates, its memory is estimated; one that would not fit raises a
+    ``ValueError`` naming N, d, the estimate and ``kmeans_levels``.
+
     Args:
         embeddings: [N, d] tensor / array (fixed), an :class:`~hardbatch.EmbeddingBank`, or a
             callable returning one (cosine: rows are L2-normalised).
@@ -56,6 +68,8 @@ class ClusterBatchSampler(PartitionSampler):
         clusters_per_batch: c, clusters a batch draws from (default 1); at most B'.
         iters: k-means iterations (default 10).
         kmeans: ``"auto"`` (faiss when installed), ``"faiss"`` or ``"torch"``.
+        kmeans_levels: None (default: one k-means up to 256 clusters, two levels above) or the
+            levels of a k-means tree (scale, above; 1: one k-means).
         **options: the shared options (:mod:`hardbatch.samplers.options`) but ``prefetch``,
             ``normalize`` (rows are always L2-normalised), ``distributed``, ``process_group``,
             ``precision`` and ``progress``. Here: ``device`` is where the torch k-means runs
@@ -79,12 +93,13 @@ class ClusterBatchSampler(PartitionSampler):
     """
 
     _settings = PartitionSampler._settings + ("clusters", "clusters_per_batch", "iters",
-                                              "kmeans")
+                                              "kmeans", "kmeans_levels")
     Options = ClusterOptions
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int,
                  clusters: int | None = None, *, clusters_per_batch: int = 1, iters: int = 10,
-                 kmeans: str = "auto", **options: Unpack[ClusterOptions]) -> None:
+                 kmeans: str = "auto", kmeans_levels: int | None = None,
+                 **options: Unpack[ClusterOptions]) -> None:
         shared = take_options(type(self), options, normalize=True, distributed=False)
         device = shared.pop("device")
         super().__init__(embeddings, batch_size, **shared)
@@ -97,6 +112,8 @@ class ClusterBatchSampler(PartitionSampler):
                              f"clusters <= {n} or None (default ceil(N / B) = {-(-n // b)})")
         check_choice("kmeans", kmeans, KMEANS_BACKENDS)
         self.kmeans, self.iters = kmeans, check_int(iters, "iters", low=1)
+        self.kmeans_levels = None if kmeans_levels is None else check_int(
+            kmeans_levels, "kmeans_levels", low=1)
         self.device = None if device is None else resolve_device(device)
         self.fixed = fixed_source(embeddings)
         self.labels: np.ndarray | None = None  # the clusters of the last build
@@ -110,8 +127,18 @@ class ClusterBatchSampler(PartitionSampler):
             x = x.to(self.device)
         seed = _rng.derive_seed(self.seed, 0xC1) if self.fixed else \
             _rng.derive_seed(self.seed, epoch, 0xC1)
-        self.labels = spherical_clusters(x, self.num_clusters, seed=seed, iters=self.iters,
-                                         backend=self.kmeans)
+        n, d, k, levels = x.shape[0], x.shape[1], self.num_clusters, self.kmeans_levels
+        tree = levels is not None
+        check_memory(kmeans_tree_bytes(n, d, k, levels or min(2, tree_levels(k)),
+                                       normalized=tree) + n * 8 * 4,  # + the epoch's order
+                     n=n, d=d, what="ClusterBatchSampler's k-means",
+                     reduce="kmeans_levels=3 (a k-means tree over the normalised rows, no copy)")
+        if tree:
+            self.labels = kmeans_tree(x, k, levels=levels, seed=seed, iters=self.iters,
+                                      backend=self.kmeans, normalized=True)
+        else:
+            self.labels = spherical_clusters(x, k, seed=seed, iters=self.iters,
+                                             backend=self.kmeans)
         return self.labels
 
     def build(self, x: torch.Tensor, epoch: int, group) -> np.ndarray:

@@ -11,16 +11,21 @@ import torch
 
 from .. import _rng
 from .._device import resolve_device
+from .._logging import get_logger
+from .._memory import check_memory
 from .._validation import check_choice, check_int
 from ..batching.communities import CELL_BATCHES, EDGES, PARTITIONERS, cell_order, community_cells, \
-    community_labels, group_order, pairs_in_batches, rank_graph, require_metis, same_key_graph, \
-    separate_pairs, trimmed_order
+    community_labels, group_order, pairs_in_batches, rank_graph, require_metis, separate_pairs, \
+    trimmed_order
 from ..embeddings import EmbeddingSource
 from ..neighbors.knn_graph import knn_graph
+from ..batching.local_communities import AUTO_CELLS_ABOVE, CELL_ITEMS, coarse_cells, \
+    global_communities_bytes, local_communities, local_communities_bytes
 from ..batching.metis_partition import check_imbalance
 from .options import CommunityOptions, take_options
 from .partition_sampler import PartitionSampler, fixed_source, load_order, save_order
-from ..keys.duplicates import separate_keys
+from ..keys.derive import same_key_graph
+from ..keys.repair import separate_keys
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -28,6 +33,8 @@ if TYPE_CHECKING:
 __all__ = ["CommunityBatchSampler"]
 
 NEAR_CANDIDATES = 16  # window neighbours whose batches a separated item tries first
+LOCAL_WORKERS = 2  # cells built at once by the cell-local build (threads)
+_LOG = get_logger("samplers")
 BATCHINGS = ("fill", "trim")  # ours; B3's authors'
 
 
@@ -41,12 +48,12 @@ class CommunityBatchSampler(PartitionSampler):
     into a sparse graph and cut by METIS into ``round(N K / B')`` balanced communities of about
     B' / K items (:func:`hardbatch.batching.communities.community_labels`) in one METIS run over the
     whole graph (B3's; the configuration measured in docs/results/code_search.md). Opt-in,
-    :attr:`cell_batches` >= 1: one METIS run per cell instead, the items first split into
+    ``cell_batches`` >= 1: one METIS run per cell instead, the items first split into
     spherical k-means cells of about ``cell_batches`` batches
-    (:func:`hardbatch.batching.communities.community_cells`), a cell's communities on the edges within
-    it (stable under noise, below; not yet measured in training). The top ``skip`` ranks (likely positives or near-duplicates: false negatives)
-    are left out of the graph. Each epoch (:func:`hardbatch.batching.communities.cell_order`): in every
-    cell the communities in a random order, their items shuffled, cut into pieces of B' / K
+    (:func:`hardbatch.batching.communities.community_cells`), a cell's communities on the edges
+    within it (stable under noise, below; not yet measured in training). The top ``skip`` ranks
+    (likely positives or near-duplicates: false negatives) are left out of the graph. Each
+    epoch (:func:`hardbatch.batching.communities.cell_order`): in every cell the communities in a random order, their items shuffled, cut into pieces of B' / K
     (a community's whole pieces first; one that runs out mid-piece is continued by the next);
     a batch is K pieces drawn at random, so about K communities of unrelated cells; the short
     last batch last. Then no pair of the skipped ranks shares a batch
@@ -55,6 +62,23 @@ class CommunityBatchSampler(PartitionSampler):
     stays hard), except pairs no swap can separate (``forced_pairs`` counts what is left;
     ``separated`` the swaps). Every item once per epoch; deterministic given ``seed``, the
     epoch and the embeddings.
+
+    Scale (``cell_items``): the global build holds a kNN table, a graph of about ``2 N window``
+    edges and METIS's copy of it (some 30 GB at N = 10M) and its kNN graph costs up to
+    ``N^2 d``. With ``cell_items`` > 0 it runs cell by cell instead
+    (:mod:`hardbatch.batching.local_communities`): a spherical k-means tree cuts the items into
+    cells of about ``cell_items`` items, and in each cell, on its items alone, the exact kNN
+    graph, the rank window's edges and METIS into the cell's share of the communities (with
+    ``cell_batches``: per sub-cell of it), two cells at a time; memory beyond the embeddings is
+    the ``[N]`` outputs, each item's first ``skip + 16`` cell-local ranks (int32) and the cells
+    in flight. An item's window then comes from its cell (a neighbour in another cell is
+    replaced by a farther one of its own) and no community crosses a cell: docs/benchmarks.md
+    ("Ten million items") measures what that loses. ``cell_items=None`` (default) builds
+    globally up to ``AUTO_CELLS_ABOVE`` (2,000,000) items and in cells of ``CELL_ITEMS``
+    (10,000) above; the path that ran is logged (``hardbatch.samplers``, INFO) and kept in
+    :attr:`cell_items_used`. Before a build allocates, its memory is estimated; a build that
+    would not fit the available memory raises a ``ValueError`` naming N, d, the estimate and
+    the option that reduces it.
 
     Reproducibility across machines: METIS is chaotic in its graph (one edge more or less
     moves every part of its run), and tiny noise in the embeddings (two machines' matrix
@@ -110,6 +134,12 @@ class CommunityBatchSampler(PartitionSampler):
         batching: ``"fill"`` (default: ``round(N K / B')`` communities, a community that runs
             out mid-batch continued by the next, the top ranks kept apart) or ``"trim"`` (B3's
             authors': ``N // (B' / K)`` parts cut to exactly B' / K items; K must divide B').
+        cell_batches: 0 (default: one METIS run over the graph, or over each cell of
+            ``cell_items``) or the batches per k-means cell of the local build (e.g.
+            ``CELL_BATCHES`` = 2: one METIS run per cell, stable under noise, above); METIS and
+            ``"fill"`` only.
+        cell_items: items per cell of the cell-local build (scale, above); 0: the global build;
+            None (default): 0 up to 2,000,000 items, 10,000 above.
         **options: the shared options (:mod:`hardbatch.samplers.options`) but ``prefetch``,
             ``normalize`` (rows are always L2-normalised), ``distributed``, ``process_group``,
             ``precision`` and ``progress``. Here: ``device`` is where the kNN graph is computed
@@ -141,20 +171,15 @@ class CommunityBatchSampler(PartitionSampler):
 
     _settings = PartitionSampler._settings + (
         "communities_per_batch", "skip", "window", "partitioner", "knn_method", "imbalance",
-        "edges", "batching")
+        "edges", "batching", "cell_batches", "cell_items")
 
     Options = CommunityOptions
-
-    #: Items per cell of the local build, in batches (:func:`hardbatch.batching.communities.
-    #: community_cells`; e.g. ``CELL_BATCHES`` = 2); 0 (default): one METIS run over the whole
-    #: graph, B3's and the measured one (chaotic under noise: see above). Set it on an
-    #: instance before the first epoch; it is not in the sampler's state.
-    cell_batches: int = 0
 
     def __init__(self, embeddings: EmbeddingSource, batch_size: int,
                  communities_per_batch: int = 4, *, skip: int = 3, window: int = 20,
                  partitioner: str = "metis", knn_method: str | None = None,
                  imbalance: float = 1.03, edges: str = "union", batching: str = "fill",
+                 cell_batches: int = 0, cell_items: int | None = None,
                  **options: Unpack[CommunityOptions]) -> None:
         shared = take_options(type(self), options, normalize=True, distributed=False)
         device = shared.pop("device")
@@ -186,6 +211,12 @@ class CommunityBatchSampler(PartitionSampler):
                              f"communities_per_batch that divides {b} (1: one part per batch, "
                              f"as B3's authors) and N >= {b // k}")
         self.parts = n // (b // k) if batching == "trim" else min(n, max(1, round(n * k / b)))
+        self.cell_batches = check_int(cell_batches, "cell_batches", low=0)
+        self.cell_items = None if cell_items is None else check_int(cell_items, "cell_items",
+                                                                    low=0)
+        #: the cell size of the builds (0: global): ``cell_items``, or its automatic value
+        self.cell_items_used = (0 if n <= AUTO_CELLS_ABOVE else CELL_ITEMS) \
+            if cell_items is None else self.cell_items
         self.device = resolve_device(device)
         self.fixed = fixed_source(embeddings)
         self.groups: tuple | None = None  # (labels, skipped pairs, near items) of the last build
@@ -202,24 +233,53 @@ class CommunityBatchSampler(PartitionSampler):
 
     def communities(self, x: torch.Tensor, epoch: int) -> tuple:
         """(community labels, skipped-rank pairs, window neighbours) of the unit rows ``x``;
-        built once for fixed embeddings. With METIS and ``batching="fill"`` the communities are
-        found within cells (:func:`hardbatch.batching.communities.community_cells`, kept in
-        :attr:`cells`); the authors' ``"trim"`` runs METIS once over the whole graph."""
+        built once for fixed embeddings, globally or cell by cell (:attr:`cell_items_used`).
+        With METIS, ``batching="fill"`` and ``cell_batches`` the communities are found within
+        k-means cells (:func:`hardbatch.batching.communities.community_cells`, kept in
+        :attr:`cells`); the authors' ``"trim"`` runs METIS once over the whole graph (or once
+        per cell of ``cell_items``)."""
         if self.fixed and self.groups is not None:
             return self.groups
         seed = _rng.derive_seed(self.seed, 0xB3) if self.fixed else \
             _rng.derive_seed(self.seed, epoch, 0xB3)
-        method = {} if self.knn_method is None else {"method": self.knn_method}
-        nbrs = knn_graph(x, self.skip + self.window, device=self.device,
-                         seed=seed & 0x7FFFFFFF, **method).numpy()
         local = self.partitioner == "metis" and self.batching == "fill" and self.cell_batches
-        self.cells = community_cells(x, self.plan_batch_size, seed=_rng.derive_seed(
-            seed, 0xCE11), cell_batches=self.cell_batches) if local else None
-        labels = community_labels(nbrs, self.parts, skip=self.skip, window=self.window,
-                                  partitioner=self.partitioner, seed=seed, embeddings=x,
-                                  imbalance=self.imbalance, edges=self.edges, cells=self.cells)
-        pairs = rank_graph(nbrs, 0, self.skip)
-        near = np.ascontiguousarray(nbrs[:, self.skip:self.skip + NEAR_CANDIDATES])
+        n, d, ranks = x.shape[0], x.shape[1], self.skip + self.window
+        keep = min(ranks, self.skip + NEAR_CANDIDATES)
+        if self.cell_items_used:
+            check_memory(local_communities_bytes(  # cells up to 4x the mean; + near, pairs
+                n, d, min(n, 4 * self.cell_items_used), ranks=ranks, keep=keep,
+                window=self.window, workers=LOCAL_WORKERS) + n * (keep * 8 + self.skip * 40),
+                n=n, d=d, what="CommunityBatchSampler's cell-local build",
+                reduce="a smaller cell_items= (or a smaller window=)")
+            xd = x.to(self.device)  # where the kNN graphs are computed
+            cells = coarse_cells(xd, self.cell_items_used, seed=_rng.derive_seed(seed, 0xCE12),
+                                 normalized=True)
+            out = local_communities(xd, cells, self.parts, skip=self.skip, window=self.window,
+                                    partitioner=self.partitioner, seed=seed,
+                                    imbalance=self.imbalance, edges=self.edges, keep=keep,
+                                    cell_batches=self.cell_batches if local else 0,
+                                    batch_size=self.plan_batch_size, workers=LOCAL_WORKERS)
+            labels, nbrs, self.cells = out.labels, out.neighbors, out.subcells
+        else:
+            check_memory(global_communities_bytes(n, d, ranks=ranks, window=self.window,
+                                                  index=self.knn_method != "exact" and n > 50_000),
+                         n=n, d=d, what="CommunityBatchSampler's global build",
+                         reduce=f"cell_items= (e.g. {CELL_ITEMS}: kNN graph and METIS cell by "
+                                "cell) or a smaller window=")
+            method = {} if self.knn_method is None else {"method": self.knn_method}
+            nbrs = knn_graph(x, ranks, device=self.device, seed=seed & 0x7FFFFFFF,
+                             **method).numpy()
+            self.cells = community_cells(x, self.plan_batch_size, seed=_rng.derive_seed(
+                seed, 0xCE11), cell_batches=self.cell_batches) if local else None
+            labels = community_labels(nbrs, self.parts, skip=self.skip, window=self.window,
+                                      partitioner=self.partitioner, seed=seed, embeddings=x,
+                                      imbalance=self.imbalance, edges=self.edges,
+                                      cells=self.cells)
+        _LOG.info("CommunityBatchSampler build: N=%d d=%d %s", n, d,
+                  f"cell-local, cells of ~{self.cell_items_used} items"
+                  if self.cell_items_used else "global")
+        pairs = rank_graph(nbrs[:, :self.skip], 0, self.skip)
+        near = np.ascontiguousarray(nbrs[:, self.skip:self.skip + NEAR_CANDIDATES], np.int64)
         self.groups = (labels, pairs, near)
         return self.groups
 
