@@ -80,6 +80,7 @@ class EpochProgress:
         self.pending: tuple[int, int, np.ndarray | None, bool] | None = None
         self.hashes: torch.Tensor | None = None  # of the rows' texts, computed once
         self.log: list | None = None
+        self.whole = False  # every batch of ``epoch`` yielded, the iterator not run to its end
 
     def keeps(self, epoch: int) -> bool:
         """Whether ``epoch`` is a resumed one whose batches were all trained (the sampler then
@@ -95,12 +96,15 @@ class EpochProgress:
         if pending is not None and pending[0] == epoch:
             _, skip, trained, replan, _ = pending
         self.epoch, self.start, self.yielded, self.base = epoch, skip, 0, trained
+        self.whole = False
+        steps = len(sampler)
         self.counts = np.zeros(len(sampler.dataset), np.int32)
         self.recent.clear()
         self.exact = not replan
         placeholder = list(range(min(sampler.batch_size, len(sampler.dataset))))
         for index in range(skip):
             self._logged(epoch, index)
+            self.whole = index + 1 >= steps
             yield list(placeholder)
         batches = [] if only else rest_of_epoch(sampler, epoch, skip, trained) if replan else hard
         for batch in batches:
@@ -109,7 +113,9 @@ class EpochProgress:
             self.recent.append(rows)
             self._logged(epoch, skip + self.yielded)
             self.yielded += 1
+            self.whole = skip + self.yielded >= steps
             yield rows.tolist()
+        self.whole = False  # run to its end: the sampler moved on to the next epoch itself
 
     def _logged(self, epoch: int, index: int) -> None:
         if self.log is not None:

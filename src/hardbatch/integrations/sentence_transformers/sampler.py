@@ -142,6 +142,7 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
         self.generator = check_generator(generator)
         self.seed = sampler_seed(seed, self.generator)
         self.epoch = 0
+        self._epoch_set = False  # set_epoch called since the last iteration began
         self.kind = sampler
         self.source = None
         self.text_column = text_column
@@ -191,6 +192,13 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
             raise
 
     def __iter__(self):
+        # A consumer that takes every batch of an epoch but never asks past the last one
+        # (sentence-transformers' multi-dataset samplers count the batches) and never calls
+        # set_epoch (transformers < 5 does not reach a sampler inside them) starts the next
+        # epoch with a new iteration, as a DataLoader that runs the iterator to its end does.
+        if self.progress.whole and not self._epoch_set:
+            self.set_epoch(self.progress.epoch + 1)
+        self._epoch_set = False
         yield from self.progress.iterate(self)
 
     def __len__(self) -> int:
@@ -199,6 +207,7 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Called by the trainer at every epoch start."""
         self.epoch = int(epoch)
+        self._epoch_set = True
         if not self.progress.keeps(self.epoch):  # (a resumed epoch trained whole: see resume)
             self.hard_sampler.set_epoch(self.epoch)
 

@@ -303,7 +303,17 @@ def test_a_checkpoint_of_another_run_is_refused_before_training(prototype, pairs
 MULTI_CASES = [
     ("proportional-gcbs", "gcbs", {}, "proportional", 3),
     ("proportional-knn-every-2-one-done", "knn", {"refresh_every": 2}, "proportional", 5),
-    ("round-robin-proximity-every-3", "proximity", {"refresh_every": 3}, "round_robin", 3),
+    pytest.param(
+        ("round-robin-proximity-every-3", "proximity", {"refresh_every": 3}, "round_robin", 3),
+        marks=pytest.mark.xfail(
+            int(transformers.__version__.split(".")[0]) < 5, strict=True,
+            reason="transformers < 5 trains one batch too many in a resumed round-robin epoch: "
+                   "sentence-transformers' RoundRobinBatchSampler yields one batch past its "
+                   "len() (the next of the larger dataset, before the smaller one stops it), "
+                   "and the resumed loop of transformers 4.x runs len() - skipped updates over "
+                   "what is left, so that batch is trained; the uninterrupted loop never "
+                   "trains it (the same with sentence-transformers' own samplers)"),
+        id="round-robin-proximity-every-3"),
     ("single-source-knn-every-3-boundary", "knn", {"refresh_every": 3}, "single_source", 6),
     ("single-source-community", "community", {}, "single_source", 8),
 ]

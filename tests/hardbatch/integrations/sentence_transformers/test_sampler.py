@@ -323,3 +323,34 @@ def test_a_trainer_that_passes_no_seed_seeds_the_sampler_from_its_generator(kind
     assert batches(1) == batches(1) != batches(2)
     assert batches(1) == batches(1, seed=1) and batches(2) == batches(2, seed=2)
     assert make.samplers[0].seed == 1
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("kind", ["cluster", "knn"])
+def test_a_consumer_that_counts_batches_gets_the_next_epoch_without_set_epoch(kind):
+    """sentence-transformers' multi-dataset samplers take len(sampler) batches and never ask
+    past the last one, and transformers < 5 never calls set_epoch on a sampler inside them: a
+    new iteration must still be the next epoch (not epoch 0 again, not an empty one)."""
+    texts = [("a" * (i % 7)) + ("o" * (i % 5)) + f" text {i}" for i in range(60)]
+    dataset = Table(anchor=texts, positive=texts)
+
+    def fresh():
+        make = hard_negative_batch_sampler(LetterEncoder(), kind, refresh_every=None,
+                                           train_dataset=dataset)
+        return make(dataset, batch_size=10, drop_last=False, seed=5)
+
+    counted = fresh()
+    first = list(itertools.islice(iter(counted), len(counted)))  # never told the epoch ended
+    second = list(itertools.islice(iter(counted), len(counted)))
+    exhausted = fresh()
+    assert list(exhausted) == first and list(exhausted) == second  # as a DataLoader runs it
+    told = fresh()
+    told.set_epoch(1)
+    assert list(told) == second and second != first
+    # an iteration cut short (a round-robin draws fewer batches) does not end its epoch
+    cut = fresh()
+    assert list(itertools.islice(iter(cut), 2)) == first[:2]
+    assert list(itertools.islice(iter(cut), len(cut))) == first
+    # set_epoch between iterations is obeyed as before
+    cut.set_epoch(0)
+    assert list(cut) == first
