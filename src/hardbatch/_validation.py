@@ -196,7 +196,7 @@ def num_items_of(n_or_dataset, name: str = "n_or_dataset") -> int:
     return n
 
 
-# --------------------------------------------------------------------------- contrastive losses
+# --------------------------------------------------------------------- contrastive loss options
 
 
 # Below float32's smallest normal number (1.2e-38) 1 / t overflows float32; already near it the
@@ -236,28 +236,6 @@ def check_margin(margin) -> float:
     return value
 
 
-def check_false_negatives(mask, rows: int, cols: int | str, *, gathered: bool = False) -> None:
-    """``false_negatives``: a bool tensor ``[rows, cols]`` (True: not a negative of the row).
-
-    ``gathered``: under ``gather=True`` the columns are the global batch's items, so the hint
-    names the ``[b, B_global]`` form.
-    """
-    expected = f"[{rows}, {cols}]" + (
-        " (this rank's anchors x the global batch's items, in rank order)" if gathered
-        else " (anchors x items of the batch)")
-    if not isinstance(mask, torch.Tensor) or mask.shape != (rows, cols):
-        raise ValueError(
-            f"false_negatives must be a bool tensor of shape {expected}, got {_shape_of(mask)}"
-            + ("; with gather=True build it with hardbatch.guided_mask(..., gather=True) or "
-               "for the gathered items" if gathered else "")
-        )
-    if mask.dtype != torch.bool:
-        raise ValueError(
-            f"false_negatives must be a bool tensor (True: item j is not a negative of anchor "
-            f"i), got dtype {mask.dtype}; compare or cast it, e.g. mask.bool() or mask > 0"
-        )
-
-
 def check_tau_plus(tau_plus) -> float:
     """DCL / HCL's class prior of false negatives as a float in ``[0, 1)``."""
     hint = "in [0, 1) (class prior of false negatives), e.g. 0.1"
@@ -285,105 +263,3 @@ def check_synthetic(hardest, synthetic) -> tuple[int, int]:
             "hardest ones); set synthetic=0 to disable them"
         )
     return hardest, synthetic
-
-
-def check_finite_tensor(x: torch.Tensor, name: str) -> None:
-    """``ValueError`` if the tensor ``x`` holds NaN or inf (one device sync on GPU)."""
-    if not bool(torch.isfinite(x).all()):
-        raise ValueError(
-            f"{name} contains NaN or inf values; check the encoder output (or pass "
-            f"check_finite=False to skip this test)"
-        )
-
-
-def _shape_of(x) -> object:
-    return tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-
-
-def check_pair_inputs(
-    anchor: torch.Tensor,
-    positive: torch.Tensor,
-    labels: torch.Tensor | None,
-    negatives: torch.Tensor | None,
-    check_finite: bool,
-    check_batch_size: bool = True,
-) -> None:
-    """The inputs of a contrastive loss: two ``[B, d]`` float views on one device, optional
-    ``[B]`` labels and ``[m, d]`` negatives; ``B >= 2``, or ``B >= 1`` with ``m >= 1``
-    (:func:`check_pair_count`; ``check_batch_size=False`` leaves it to the caller, as
-    ``gather=True`` does for the global batch). A 1-D ``positive`` (pytorch-metric-learning's
-    ``loss(embeddings, labels)``) gets an error naming hardbatch's call form."""
-    if (isinstance(anchor, torch.Tensor) and isinstance(positive, torch.Tensor)
-            and anchor.dim() == 2 and positive.dim() == 1):
-        raise ValueError(
-            f"positive must be a 2-D tensor [B, d] (the second view), got a 1-D tensor of shape "
-            f"{tuple(positive.shape)}: hardbatch losses are called loss(anchor, positive, "
-            f"labels=labels) with two views of the batch, not pytorch-metric-learning's "
-            f"loss(embeddings, labels); pass the labels by keyword (labels=...) and the second "
-            f"view's embeddings as positive"
-        )
-    for name, x in (("anchor", anchor), ("positive", positive)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 2:
-            raise ValueError(f"{name} must be a 2-D tensor [B, d], got {_shape_of(x)}")
-        if not x.is_floating_point():
-            raise ValueError(f"{name} must be a floating point tensor, got dtype {x.dtype}")
-    if anchor.shape != positive.shape:
-        raise ValueError(
-            f"anchor and positive must have the same shape [B, d] (row i of each is a positive "
-            f"pair), got {tuple(anchor.shape)} and {tuple(positive.shape)}"
-        )
-    if anchor.shape[1] == 0:
-        raise ValueError(
-            f"anchor and positive must have at least one feature (d >= 1), got shape "
-            f"{tuple(anchor.shape)}"
-        )
-    if anchor.device != positive.device:
-        raise ValueError(
-            f"anchor and positive must be on the same device, got {anchor.device} and "
-            f"{positive.device}; move them with .to(device)"
-        )
-    if labels is not None:
-        if not isinstance(labels, torch.Tensor) or labels.shape != (anchor.shape[0],):
-            raise ValueError(
-                f"labels must be a 1-D tensor [B] = [{anchor.shape[0]}], got {_shape_of(labels)}"
-            )
-        # NaN != NaN would make an item a negative of itself and of its positive.
-        if labels.is_floating_point() and not bool(torch.isfinite(labels).all()):
-            raise ValueError(
-                "labels contains NaN or inf values; use integer class ids (or finite floats)"
-            )
-    if negatives is not None:
-        if (not isinstance(negatives, torch.Tensor) or negatives.dim() != 2
-                or negatives.shape[1] != anchor.shape[1]):
-            raise ValueError(f"negatives must be a 2-D tensor [m, d] with d={anchor.shape[1]}, "
-                             f"got {_shape_of(negatives)}")
-        if not negatives.is_floating_point():
-            raise ValueError(
-                f"negatives must be a floating point tensor, got dtype {negatives.dtype}"
-            )
-        if negatives.device != anchor.device:
-            raise ValueError(
-                f"negatives must be on the device of anchor and positive ({anchor.device}), "
-                f"got {negatives.device}; move them with .to(device)"
-            )
-    if check_batch_size:
-        check_pair_count(anchor.shape[0], 0 if negatives is None else negatives.shape[0])
-    if check_finite:
-        for name, x in (("anchor", anchor), ("positive", positive), ("negatives", negatives)):
-            if x is not None:
-                check_finite_tensor(x, name)
-
-
-def check_pair_count(pairs: int, extra_negatives: int, where: str = "") -> None:
-    """``ValueError`` unless ``pairs >= 2``, or ``pairs >= 1`` with ``extra_negatives >= 1``.
-
-    With extra negatives a single pair still has something to be contrasted with. ``where``
-    qualifies the count (e.g. "global " under ``gather=True``).
-    """
-    has_bank = extra_negatives > 0
-    if pairs < (1 if has_bank else 2):
-        raise ValueError(
-            f"need a {where}batch of at least 2 pairs (B >= 2) for in-batch negatives, or B >= 1 "
-            f"with at least one row of negatives, got B={pairs}"
-            + ("" if has_bank else "; use drop_last=True in the DataLoader or pass negatives")
-        )

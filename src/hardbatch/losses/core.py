@@ -4,9 +4,9 @@ Not public API (the losses are :mod:`hardbatch.losses`): the functions of :mod:`
 the modules of :mod:`.modules` call :func:`compute_loss` with a checked options object
 (:mod:`.options`). One call:
 
-1. :func:`prepare_batch`: the input checks (``hardbatch._validation``), half precision cast to
-   float32, L2 normalisation and, with ``gather=True`` under a process group, the all-gather
-   (:mod:`.inputs`);
+1. :func:`prepare_batch`: the input checks (:func:`check_pair_inputs`), half precision cast to
+   float32, L2 normalisation (``hardbatch._validation.l2_normalize_rows``, the library's one row
+   normaliser) and, with ``gather=True`` under a process group, the all-gather (:mod:`.inputs`);
 2. :func:`build_logits`: the ``[R, C]`` logits ``<query_r, key_c> / t``, ``-inf`` where column
    ``c`` is not a negative of row ``r``, and the positives' logits ``l_r+``;
 3. SSCL only: the synthetic negatives' logits (:mod:`.synthetic`);
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .._validation import check_false_negatives, check_pair_inputs, l2_normalize_rows
+from .._validation import l2_normalize_rows
 from .inputs import (
     Logits,
     PairBatch,
@@ -150,8 +150,11 @@ def prepare_batch(options: InfoNCEOptions, anchor: Tensor, positive: Tensor,
     ``options.gather``, all-gather the inputs (:mod:`.inputs`)."""
     gathered = options.gather and gather_world(options.group) > 1
     if gathered:
-        infos = check_every_rank(anchor, positive, labels, negatives, false_negatives,
-                                 options.check_finite, options.group)
+        error = _rank_error(anchor, positive, labels, negatives, false_negatives,
+                            options.check_finite)
+        infos, pairs, extra = check_every_rank(anchor, positive, labels, negatives,
+                                               false_negatives, error, options.group)
+        check_pair_count(pairs, extra, "global ")
     else:
         check_pair_inputs(anchor, positive, labels, negatives, options.check_finite)
         if false_negatives is not None:
@@ -167,6 +170,134 @@ def prepare_batch(options: InfoNCEOptions, anchor: Tensor, positive: Tensor,
     if labels is not None or false_negatives is not None:
         excluded = excluded_items(labels, labels, false_negatives, 0, za.device)
     return PairBatch(za, zp, za, zp, bank, excluded, za.shape[0])
+
+
+def _shape_of(x) -> object:
+    return tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+
+
+def check_pair_inputs(anchor: Tensor, positive: Tensor, labels: Tensor | None,
+                      negatives: Tensor | None, check_finite: bool,
+                      check_batch_size: bool = True) -> None:
+    """The inputs of a contrastive loss: two ``[B, d]`` float views on one device, optional
+    ``[B]`` labels and ``[m, d]`` negatives; ``B >= 2``, or ``B >= 1`` with ``m >= 1``
+    (:func:`check_pair_count`; ``check_batch_size=False`` leaves it to the caller, as
+    ``gather=True`` does for the global batch). A 1-D ``positive`` (pytorch-metric-learning's
+    ``loss(embeddings, labels)``) gets an error naming hardbatch's call form."""
+    if (isinstance(anchor, Tensor) and isinstance(positive, Tensor)
+            and anchor.dim() == 2 and positive.dim() == 1):
+        raise ValueError(
+            f"positive must be a 2-D tensor [B, d] (the second view), got a 1-D tensor of shape "
+            f"{tuple(positive.shape)}: hardbatch losses are called loss(anchor, positive, "
+            f"labels=labels) with two views of the batch, not pytorch-metric-learning's "
+            f"loss(embeddings, labels); pass the labels by keyword (labels=...) and the second "
+            f"view's embeddings as positive"
+        )
+    for name, x in (("anchor", anchor), ("positive", positive)):
+        if not isinstance(x, Tensor) or x.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D tensor [B, d], got {_shape_of(x)}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be a floating point tensor, got dtype {x.dtype}")
+    if anchor.shape != positive.shape:
+        raise ValueError(
+            f"anchor and positive must have the same shape [B, d] (row i of each is a positive "
+            f"pair), got {tuple(anchor.shape)} and {tuple(positive.shape)}"
+        )
+    if anchor.shape[1] == 0:
+        raise ValueError(
+            f"anchor and positive must have at least one feature (d >= 1), got shape "
+            f"{tuple(anchor.shape)}"
+        )
+    if anchor.device != positive.device:
+        raise ValueError(
+            f"anchor and positive must be on the same device, got {anchor.device} and "
+            f"{positive.device}; move them with .to(device)"
+        )
+    if labels is not None:
+        if not isinstance(labels, Tensor) or labels.shape != (anchor.shape[0],):
+            raise ValueError(
+                f"labels must be a 1-D tensor [B] = [{anchor.shape[0]}], got {_shape_of(labels)}"
+            )
+        # NaN != NaN would make an item a negative of itself and of its positive.
+        if labels.is_floating_point() and not bool(torch.isfinite(labels).all()):
+            raise ValueError(
+                "labels contains NaN or inf values; use integer class ids (or finite floats)"
+            )
+    if negatives is not None:
+        if (not isinstance(negatives, Tensor) or negatives.dim() != 2
+                or negatives.shape[1] != anchor.shape[1]):
+            raise ValueError(f"negatives must be a 2-D tensor [m, d] with d={anchor.shape[1]}, "
+                             f"got {_shape_of(negatives)}")
+        if not negatives.is_floating_point():
+            raise ValueError(
+                f"negatives must be a floating point tensor, got dtype {negatives.dtype}"
+            )
+        if negatives.device != anchor.device:
+            raise ValueError(
+                f"negatives must be on the device of anchor and positive ({anchor.device}), "
+                f"got {negatives.device}; move them with .to(device)"
+            )
+    if check_batch_size:
+        check_pair_count(anchor.shape[0], 0 if negatives is None else negatives.shape[0])
+    if check_finite:  # one device sync per tensor on GPU
+        for name, x in (("anchor", anchor), ("positive", positive), ("negatives", negatives)):
+            if x is not None and not bool(torch.isfinite(x).all()):
+                raise ValueError(f"{name} contains NaN or inf values; check the encoder output "
+                                 "(or pass check_finite=False to skip this test)")
+
+
+def check_pair_count(pairs: int, extra_negatives: int, where: str = "") -> None:
+    """``ValueError`` unless ``pairs >= 2``, or ``pairs >= 1`` with ``extra_negatives >= 1``.
+
+    With extra negatives a single pair still has something to be contrasted with. ``where``
+    qualifies the count (e.g. "global " under ``gather=True``).
+    """
+    has_bank = extra_negatives > 0
+    if pairs < (1 if has_bank else 2):
+        raise ValueError(
+            f"need a {where}batch of at least 2 pairs (B >= 2) for in-batch negatives, or B >= 1 "
+            f"with at least one row of negatives, got B={pairs}"
+            + ("" if has_bank else "; use drop_last=True in the DataLoader or pass negatives")
+        )
+
+
+def check_false_negatives(mask, rows: int, cols: int | str, *, gathered: bool = False) -> None:
+    """``false_negatives``: a bool tensor ``[rows, cols]`` (True: not a negative of the row).
+
+    ``gathered``: under ``gather=True`` the columns are the global batch's items, so the hint
+    names the ``[b, B_global]`` form.
+    """
+    expected = f"[{rows}, {cols}]" + (
+        " (this rank's anchors x the global batch's items, in rank order)" if gathered
+        else " (anchors x items of the batch)")
+    if not isinstance(mask, Tensor) or mask.shape != (rows, cols):
+        raise ValueError(
+            f"false_negatives must be a bool tensor of shape {expected}, got {_shape_of(mask)}"
+            + ("; with gather=True build it with hardbatch.guided_mask(..., gather=True) or "
+               "for the gathered items" if gathered else "")
+        )
+    if mask.dtype != torch.bool:
+        raise ValueError(
+            f"false_negatives must be a bool tensor (True: item j is not a negative of anchor "
+            f"i), got dtype {mask.dtype}; compare or cast it, e.g. mask.bool() or mask > 0"
+        )
+
+
+def _rank_error(anchor, positive, labels, negatives, false_negatives,
+                check_finite: bool) -> ValueError | None:
+    """Under ``gather=True``: the error of this rank's own checks, or None. Returned, not raised:
+    :func:`~.inputs.check_every_rank` raises it after the exchange, so that no rank waits alone;
+    the pair count is the global batch's, checked after it."""
+    try:
+        check_pair_inputs(anchor, positive, labels, negatives, check_finite,
+                          check_batch_size=False)
+        if false_negatives is not None:
+            fn = false_negatives
+            cols = fn.shape[1] if isinstance(fn, Tensor) and fn.dim() == 2 else "B_global"
+            check_false_negatives(fn, anchor.shape[0], cols, gathered=True)
+    except ValueError as exc:
+        return exc
+    return None
 
 
 def build_logits(options: InfoNCEOptions, anchor: Tensor, positive: Tensor,

@@ -9,7 +9,7 @@ of ``labels`` and ``false_negatives``.
 
 ``gather=True`` under an initialised process group of W > 1 ranks:
 
-1. every rank checks its own inputs, then one fixed-size collective
+1. every rank checks its own inputs (:mod:`.core`), then one fixed-size collective
    (:func:`hardbatch.distributed.all_gather_ints`) exchanges every rank's shapes, dtypes and
    errors, and every rank runs the same checks on them (:func:`check_every_rank`), so bad input
    (a rank's error, different embedding dims) raises a ``ValueError`` on every rank instead of
@@ -31,7 +31,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .._validation import check_false_negatives, check_pair_count, check_pair_inputs
 from ..distributed import all_gather_ints, all_gather_rows, all_gather_rows_with_grad
 
 _warned_no_group = False
@@ -135,9 +134,9 @@ _LABEL_NONE, _LABEL_INT, _LABEL_FLOAT = 0, 1, 2
 
 
 def _local_info(anchor, positive, labels, negatives, false_negatives,
-                check_finite) -> tuple[list[int], ValueError | None]:
-    """This rank's ``[error, b, d, m, dtype, labels, fn_rows, fn_cols, grad_z, grad_bank]`` and
-    its local checks' error, re-raised after the exchange so that no rank waits alone."""
+                error: ValueError | None) -> list[int]:
+    """This rank's ``[error, b, d, m, dtype, labels, fn_rows, fn_cols, grad_z, grad_bank]``;
+    ``error``: the error of its own input checks (:mod:`.core`), if any."""
     ok = isinstance(anchor, Tensor) and anchor.dim() == 2
     b, d = (anchor.shape[0], anchor.shape[1]) if ok else (0, 0)
     m = negatives.shape[0] if isinstance(negatives, Tensor) and negatives.dim() else -1
@@ -146,26 +145,23 @@ def _local_info(anchor, positive, labels, negatives, false_negatives,
     fn = false_negatives
     fn_2d = isinstance(fn, Tensor) and fn.dim() == 2
     fn_shape = list(fn.shape) if fn_2d else [-1, -1]
-    try:
-        check_pair_inputs(anchor, positive, labels, negatives, check_finite,
-                          check_batch_size=False)
-        if fn is not None:
-            check_false_negatives(fn, b, fn.shape[1] if fn_2d else "B_global", gathered=True)
-    except ValueError as exc:
-        return [1, b, d, m, 0, lab, *fn_shape, 0, 0], exc
+    if error is not None:
+        return [1, b, d, m, 0, lab, *fn_shape, 0, 0]
     grad = torch.is_grad_enabled()
     # the compute dtype (half precision computes in float32), as a bit width
     dtype = 64 if torch.float64 in (anchor.dtype, positive.dtype) else 32
     grad_z = int(grad and (anchor.requires_grad or positive.requires_grad))
     grad_bank = int(grad and m > 0 and negatives.requires_grad)
-    return [0, b, d, m, dtype, lab, *fn_shape, grad_z, grad_bank], None
+    return [0, b, d, m, dtype, lab, *fn_shape, grad_z, grad_bank]
 
 
-def check_every_rank(anchor, positive, labels, negatives, false_negatives, check_finite,
-                     group) -> list[list[int]]:
-    """The checks of ``gather=True``, the same on every rank: each rank's :func:`_local_info`,
-    exchanged; returns every rank's, for :func:`gathered_batch`."""
-    info, error = _local_info(anchor, positive, labels, negatives, false_negatives, check_finite)
+def check_every_rank(anchor, positive, labels, negatives, false_negatives,
+                     error: ValueError | None, group) -> tuple[list[list[int]], int, int]:
+    """The checks of ``gather=True``, the same on every rank: each rank's :func:`_local_info`
+    (``error``: its own checks' error, raised here after the exchange so that no rank waits
+    alone), exchanged. Returns every rank's, for :func:`gathered_batch`, and the global batch's
+    pairs and extra negatives, whose count the caller checks."""
+    info = _local_info(anchor, positive, labels, negatives, false_negatives, error)
     infos = all_gather_ints(info, group)
     bad = [r for r, info in enumerate(infos) if info[0]]
     if error is not None:
@@ -196,8 +192,7 @@ def check_every_rank(anchor, positive, labels, negatives, false_negatives, check
             f"gather=True: false_negatives must be [b, {total}] on every rank (its anchors x the "
             f"global batch's {total} items, in rank order; batch shapes {shapes}), got {got}; "
             "build it with hardbatch.guided_mask(..., gather=True)")
-    check_pair_count(total, extra, "global ")
-    return infos
+    return infos, total, extra
 
 
 def _with_grad(x: Tensor, needed: bool) -> Tensor:

@@ -1,4 +1,5 @@
-"""Tests of the loss input checks (hardbatch._validation): clear ValueErrors and accepted inputs."""
+"""Tests of the loss checks (inputs: hardbatch.losses.core, options: hardbatch._validation): clear
+ValueErrors and accepted inputs."""
 
 from __future__ import annotations
 
