@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ._device import check_dtype, resolve_device
-from ._validation import check_int, embedding_tensor
+from ._validation import check_int, embedding_tensor, l2_normalize_rows
 from .distributed import is_distributed, sync_bank_update
 
 __all__ = ["STALE_BANK_STEPS", "EmbeddingBank", "EmbeddingSource", "read_embeddings",
@@ -58,7 +58,7 @@ class EmbeddingBank:
         if init == "random":
             gen = torch.Generator().manual_seed(int(seed))
             table = torch.randn(self.num_items, self.dim, generator=gen)
-            table = torch.nn.functional.normalize(table, dim=1)
+            table = l2_normalize_rows(table)
         elif init == "zeros":
             table = torch.zeros(self.num_items, self.dim)
         else:

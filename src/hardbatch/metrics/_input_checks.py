@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._validation import check_matrix_shape
+from .._validation import check_matrix_shape, l2_normalize_rows
 from .files import load_reference
 
 __all__ = ["ArrayLike", "BatchLike", "as_batch", "as_batches", "check_num_items",
@@ -125,7 +125,7 @@ def unit_rows(table, ids: np.ndarray, name: str = "embeddings") -> Tensor:
         bad = int(ids[int(torch.nonzero(~finite)[0, 0])])
         raise ValueError(f"{name} row {bad} contains NaN or inf; check the encoder output (a "
                          "diverged loss, fp16 overflow) before computing diagnostics")
-    return torch.nn.functional.normalize(rows, dim=1, eps=1e-12)
+    return l2_normalize_rows(rows)
 
 
 def labels_array(labels, num_items: int | None = None, name: str = "labels") -> np.ndarray:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .._device import resolve_device
+from .._validation import l2_normalize_rows
 
 __all__ = ["embed", "evaluate", "knn_accuracy", "linear_probe_accuracy"]
 
@@ -57,8 +58,8 @@ def knn_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor,
         >>> knn_accuracy(train_x, y, test_x, y, k=5)
         1.0
     """
-    train = nn.functional.normalize(train_features.float(), dim=1)
-    test = nn.functional.normalize(test_features.float(), dim=1)
+    train = l2_normalize_rows(train_features.float())
+    test = l2_normalize_rows(test_features.float())
     train_labels = train_labels.long()
     classes = int(torch.cat([train_labels, test_labels.long()]).max()) + 1
     k = min(int(k), train.shape[0])
