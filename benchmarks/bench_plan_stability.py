@@ -12,7 +12,7 @@ dimensions (``_common.mnist_pca64``; its first ``--n``). For every sampler (the 
 defaults, ``batch_size`` B, ``seed``) one epoch is drawn from the unit rows x and one from
 x * (1 + eps * N(0, 1)) per entry (NumPy ``default_rng(--noise-seed)``, float32) for each eps;
 a batch is identical when plan batch i holds the same items in the same order in both.
-``community`` is the community sampler's default (``cell_batches = 0``: one METIS run over
+``community`` is the community sampler's default (``cells.batches = 0``: one METIS run over
 the whole graph, B3's); ``community@global`` the same; ``community@cells=C``: the opt-in local
 build, cells of about C batches (the
 default: 2). Prints a Markdown table per data set; ``--json`` keeps every count, the epoch
@@ -41,8 +41,8 @@ def epoch(name: str, x: np.ndarray, batch_size: int, seed: int) -> list[list[int
     """One epoch's batches of sampler ``name`` over ``x`` (``@global``: one METIS run;
     ``@cells=C``: cells of about C batches)."""
     kind, _, variant = name.partition("@")
-    extra = {"cell_batches": 0 if variant == "global" else int(variant.split("=")[1])} \
-        if variant else {}
+    extra = {"cells": hb.CommunityCells(
+        batches=0 if variant == "global" else int(variant.split("=")[1]))} if variant else {}
     sampler = hb.registry.make_sampler(kind, x, batch_size, seed=seed, **extra)
     return [list(map(int, b)) for b in sampler]
 

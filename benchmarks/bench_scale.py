@@ -16,8 +16,9 @@ Data: ``wiki``: all-MiniLM-L6-v2 embeddings (d = 384) of the shared Wikipedia se
 ``--cache`` as ``.npy`` so that the children load rather than draw it. Samplers (B = ``--batch``,
 seed 0, the registry's defaults otherwise): ``cluster`` (``kmeans_levels=None``),
 ``cluster@levels=L`` (a k-means tree of L levels), ``community`` (its default at that N),
-``community@cells=C`` (cells of about C items), ``community@global`` (``cell_items=0``);
-``+workers=W`` runs the cell-local build in W threads (the sampler's ``LOCAL_WORKERS``, 2).
+``community@cells=C`` (cells of about C items), ``community@global``
+(``cells=CommunityCells(items=0)``); ``+workers=W`` runs the cell-local build in W threads (the
+sampler's ``LOCAL_WORKERS``, 2).
 
 Each build runs in a child process of its own (``--limit`` seconds at most): the first epoch
 (build and order) over fixed embeddings, timed by component (wrappers around the functions the
@@ -78,8 +79,9 @@ def load(kind: str, n: int, cache: Path) -> np.ndarray:
 
 
 def sampler_of(name: str, x: np.ndarray, b: int):
-    """``kind@option=value+option=value``: ``levels`` (kmeans_levels), ``cells`` (cell_items),
-    ``global`` (cell_items=0), ``workers`` (the cell-local build's threads, a module constant)."""
+    """``kind@option=value+option=value``: ``levels`` (kmeans_levels), ``cells`` (cells of that
+    many items: ``cells=CommunityCells(items=...)``), ``global`` (``items=0``), ``workers``
+    (the cell-local build's threads, a module constant)."""
     kind, _, variants = name.partition("@")
     opts: dict = {}
     for variant in filter(None, variants.split("+")):
@@ -87,9 +89,9 @@ def sampler_of(name: str, x: np.ndarray, b: int):
         if key == "levels":
             opts["kmeans_levels"] = int(value)
         elif key == "cells":
-            opts["cell_items"] = int(value)
+            opts["cells"] = hb.CommunityCells(items=int(value))
         elif key == "global":
-            opts["cell_items"] = 0
+            opts["cells"] = hb.CommunityCells(items=0)
         elif key == "workers":
             sys.modules["hardbatch.samplers.community_sampler"].LOCAL_WORKERS = int(value)
         else:

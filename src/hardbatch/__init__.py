@@ -25,6 +25,7 @@ from .plan_files import PlanBatchSampler, read_plan, write_plan
 from .samplers import (
     ClusterBatchSampler,
     CommunityBatchSampler,
+    CommunityCells,
     GCBSSampler,
     KNNBatchSampler,
     ProximityGraphSampler,
@@ -41,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ClusterBatchSampler",
     "CommunityBatchSampler",
+    "CommunityCells",
     "DebiasedInfoNCE",
     "EmbeddingBank",
     "GCBSSampler",

@@ -132,6 +132,15 @@ INTERNAL = {
     ("hardbatch.neighbors.index_search.resolve_knn_method", "device"): "knn_graph's resolved device",
     ("hardbatch.samplers.knn_sampler.sampler_index_kind", "device"): "KNNBatchSampler's resolved "
                                                                "device",
+    ("hardbatch.samplers.proximity_sampler.ProximityGraphBuilder", "device"): "its sampler's "
+                                                                          "resolved device",
+    ("hardbatch.samplers.knn_sampler.SnapshotBuilder", "device"): "its sampler's resolved device",
+    ("hardbatch.samplers.gcbs_sampler.GCBSOrderBuilder", "device"): "its sampler's resolved "
+                                                                    "device",
+    ("hardbatch.samplers.cluster_sampler.ClusterBuilder", "device"): "its sampler's resolved "
+                                                                     "device",
+    ("hardbatch.samplers.community_sampler.CommunityBuilder", "device"): "its sampler's "
+                                                                         "resolved device",
     ("hardbatch.train.step_batch.loader_batches", "generator"): "the Trainer's own generator",
     ("hardbatch.train.step_batch.skip_on_every_rank", "device"): "the Trainer's resolved device",
     ("hardbatch.integrations.sentence_transformers.factory.HardNegativeBatchSamplerFactory"

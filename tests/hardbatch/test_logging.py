@@ -132,7 +132,7 @@ def test_samplers_pass_progress_to_their_builds(rng, capfd, monkeypatch, make):
     out, err = capfd.readouterr()
     assert out == "" and "block/s" in err
     sampler = make(unit_rows(rng, 1200, 6))
-    sampler.progress = False
+    sampler.builder.progress = False  # the build's bar: the builder's setting
     next(iter(sampler))
     assert capfd.readouterr() == ("", "")
 

@@ -1,4 +1,8 @@
-"""Topic-aware sampling (TAS-B): batches drawn from few spherical k-means clusters."""
+"""Topic-aware sampling (TAS-B): batches drawn from few spherical k-means clusters.
+
+:class:`ClusterBuilder` clusters the embeddings and orders an epoch (and checkpoints the
+order); the sampler cuts the order into batches.
+"""
 
 from __future__ import annotations
 
@@ -16,13 +20,90 @@ from ..embeddings import EmbeddingSource
 from ..keys.repair import separate_keys
 from ..neighbors.kmeans import KMEANS_BACKENDS
 from ..neighbors.kmeans_tree import kmeans_tree, kmeans_tree_bytes, tree_levels
+from .embedding_sampler import built
 from .options import ClusterOptions, take_options
 from .partition_sampler import PartitionSampler, fixed_source, load_order, save_order
+from .refresh import PlanShape
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["ClusterBatchSampler"]
+__all__ = ["ClusterBatchSampler", "ClusterBuilder"]
+
+
+class ClusterBuilder:
+    """The :class:`~hardbatch.samplers.refresh.Builder` of :class:`ClusterBatchSampler`: the
+    spherical k-means clusters of the embeddings (once for fixed ones) and each epoch's order
+    of them (:func:`hardbatch.batching.communities.group_order`, keys separated).
+
+    Args:
+        plan: the sampler's :class:`~hardbatch.samplers.refresh.PlanShape` (N, B', drop,
+            seed, keys).
+        clusters, clusters_per_batch: k and c.
+        iters, kmeans, levels: the k-means iterations, backend and tree levels (None: one
+            k-means up to 256 clusters, two levels above).
+        device: where the torch k-means runs (None: the rows' device).
+        fixed: the source is a fixed table: its clusters are built once.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.samplers.cluster_sampler import ClusterBuilder
+        >>> from hardbatch.samplers.refresh import PlanShape
+        >>> builder = ClusterBuilder(PlanShape(40, 8, 5, 0, 0, None), 5, 1, kmeans="torch")
+        >>> x = torch.nn.functional.normalize(torch.randn(40, 8), dim=1)
+        >>> order = builder.build(x, 0, None)
+        >>> sorted(order.tolist()) == list(range(40)), len(builder.labels), builder.exact_build
+        (True, 40, False)
+    """
+
+    exact_build = False
+    cheaper_build = "kmeans_levels=3 (a k-means tree: fewer centroids per item) or fewer iters"
+
+    def __init__(self, plan: PlanShape, clusters: int, clusters_per_batch: int, *,
+                 iters: int = 10, kmeans: str = "auto", levels: int | None = None,
+                 device: torch.device | None = None, fixed: bool = False) -> None:
+        self.plan, self.clusters, self.clusters_per_batch = plan, clusters, clusters_per_batch
+        self.iters, self.kmeans, self.levels = iters, kmeans, levels
+        self.device, self.fixed = device, fixed
+        self.labels: np.ndarray | None = None  # the clusters of the last build
+        self.fill_batches = 0  # batches of the last built epoch holding more than c clusters
+
+    def cluster(self, x: torch.Tensor, epoch: int) -> np.ndarray:
+        """Cluster labels of the rows ``x``; fixed embeddings are clustered once."""
+        if self.fixed and self.labels is not None:
+            return self.labels
+        if self.device is not None:
+            x = x.to(self.device)
+        seed = _rng.derive_seed(self.plan.seed, 0xC1) if self.fixed else \
+            _rng.derive_seed(self.plan.seed, epoch, 0xC1)
+        n, d, k, levels = x.shape[0], x.shape[1], self.clusters, self.levels
+        tree = levels is not None
+        check_memory(kmeans_tree_bytes(n, d, k, levels or min(2, tree_levels(k)),
+                                       normalized=tree) + n * 8 * 4,  # + the epoch's order
+                     n=n, d=d, what="ClusterBatchSampler's k-means",
+                     reduce="kmeans_levels=3 (a k-means tree over the normalised rows, no copy)")
+        if tree:
+            self.labels = kmeans_tree(x, k, levels=levels, seed=seed, iters=self.iters,
+                                      backend=self.kmeans, normalized=True)
+        else:
+            self.labels = spherical_clusters(x, k, seed=seed, iters=self.iters,
+                                             backend=self.kmeans)
+        return self.labels
+
+    def build(self, x: torch.Tensor, epoch: int, group) -> np.ndarray:
+        """Epoch ``epoch``'s item order (batch i: slice i), from the unit rows ``x``."""
+        labels, plan = self.cluster(x, epoch), self.plan
+        b, drop = plan.batch_size, plan.drop
+        order = group_order(labels, b, self.clusters_per_batch, drop=drop,
+                            seed=_rng.derive_seed(plan.seed, epoch, 0xC2))
+        kept = plan.num_items - drop
+        order = separate_keys(order, kept, b, plan.keys)[:kept]
+        self.fill_batches = int((groups_per_batch(order, labels, b) >
+                                 self.clusters_per_batch).sum())
+        return order
+
+    save_structure = staticmethod(save_order)
+    load_structure = staticmethod(load_order)
 
 
 class ClusterBatchSampler(PartitionSampler):
@@ -114,48 +195,12 @@ class ClusterBatchSampler(PartitionSampler):
         self.kmeans, self.iters = kmeans, check_int(iters, "iters", low=1)
         self.kmeans_levels = None if kmeans_levels is None else check_int(
             kmeans_levels, "kmeans_levels", low=1)
-        self.device = None if device is None else resolve_device(device)
-        self.fixed = fixed_source(embeddings)
-        self.labels: np.ndarray | None = None  # the clusters of the last build
-        self.fill_batches = 0  # batches of the last built epoch holding more than c clusters
+        self.refresh_policy.builder = ClusterBuilder(
+            self._plan_shape(self.drop_count), self.num_clusters, self.clusters_per_batch,
+            iters=self.iters, kmeans=kmeans, levels=self.kmeans_levels,
+            device=None if device is None else resolve_device(device),
+            fixed=fixed_source(embeddings))
 
-    def cluster(self, x: torch.Tensor, epoch: int) -> np.ndarray:
-        """Cluster labels of the rows ``x``; fixed embeddings are clustered once."""
-        if self.fixed and self.labels is not None:
-            return self.labels
-        if self.device is not None:
-            x = x.to(self.device)
-        seed = _rng.derive_seed(self.seed, 0xC1) if self.fixed else \
-            _rng.derive_seed(self.seed, epoch, 0xC1)
-        n, d, k, levels = x.shape[0], x.shape[1], self.num_clusters, self.kmeans_levels
-        tree = levels is not None
-        check_memory(kmeans_tree_bytes(n, d, k, levels or min(2, tree_levels(k)),
-                                       normalized=tree) + n * 8 * 4,  # + the epoch's order
-                     n=n, d=d, what="ClusterBatchSampler's k-means",
-                     reduce="kmeans_levels=3 (a k-means tree over the normalised rows, no copy)")
-        if tree:
-            self.labels = kmeans_tree(x, k, levels=levels, seed=seed, iters=self.iters,
-                                      backend=self.kmeans, normalized=True)
-        else:
-            self.labels = spherical_clusters(x, k, seed=seed, iters=self.iters,
-                                             backend=self.kmeans)
-        return self.labels
-
-    def build(self, x: torch.Tensor, epoch: int, group) -> np.ndarray:
-        """Epoch ``epoch``'s item order (batch i: slice i), from the unit rows ``x``."""
-        labels = self.cluster(x, epoch)
-        b, drop = self.plan_batch_size, self.drop_count
-        order = group_order(labels, b, self.clusters_per_batch, drop=drop,
-                            seed=_rng.derive_seed(self.seed, epoch, 0xC2))
-        kept = self.num_items - drop
-        order = separate_keys(order, kept, b, self.duplicate_keys)[:kept]
-        self.fill_batches = int((groups_per_batch(order, labels, b) >
-                                 self.clusters_per_batch).sum())
-        return order
-
-    def draw(self, order: np.ndarray, index: int, seed: int, start: int | None) -> np.ndarray:
-        """Plan batch ``index``: slice ``index`` of the epoch's order."""
-        return self.slice_batch(order, index)
-
-    save_structure = staticmethod(save_order)
-    load_structure = staticmethod(load_order)
+    labels = built("labels", "The clusters of the last build (None before it).")
+    fill_batches = built("fill_batches", "Batches of the last built epoch holding more than "
+                                         "``clusters_per_batch`` clusters.")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import numbers
+from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,20 +23,193 @@ from ..neighbors.knn_graph import knn_graph
 from ..batching.local_communities import AUTO_CELLS_ABOVE, CELL_ITEMS, coarse_cells, \
     global_communities_bytes, local_communities, local_communities_bytes
 from ..batching.metis_partition import check_imbalance
+from .embedding_sampler import built
 from .options import CommunityOptions, take_options
 from .partition_sampler import PartitionSampler, fixed_source, load_order, save_order
+from .refresh import PlanShape
 from ..keys.derive import same_key_graph
 from ..keys.repair import separate_keys
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["CommunityBatchSampler"]
+__all__ = ["CommunityBatchSampler", "CommunityBuilder", "CommunityCells"]
 
 NEAR_CANDIDATES = 16  # window neighbours whose batches a separated item tries first
 LOCAL_WORKERS = 2  # cells built at once by the cell-local build (threads)
 _LOG = get_logger("samplers")
 BATCHINGS = ("fill", "trim")  # ours; B3's authors'
+
+
+@dataclass(frozen=True)
+class CommunityCells:
+    """Where :class:`CommunityBatchSampler` runs METIS: its ``cells=`` option.
+
+    Args:
+        batches: 0 (default: one METIS run over the graph, or over each cell of ``items``) or
+            the batches per k-means cell of the local build (e.g. ``CELL_BATCHES`` = 2: one
+            METIS run per cell of about two batches, stable under noise); METIS and
+            ``batching="fill"`` only.
+        items: items per cell of the cell-local build (scale); 0: the global build; None
+            (default): 0 up to ``AUTO_CELLS_ABOVE`` (2,000,000) items, ``CELL_ITEMS`` (10,000)
+            above.
+
+    Example:
+        >>> from hardbatch.samplers import CommunityCells
+        >>> CommunityCells(batches=2)
+        CommunityCells(batches=2, items=None)
+        >>> CommunityCells(items=-5)
+        Traceback (most recent call last):
+            ...
+        ValueError: cells=CommunityCells(items=-5): items must be an integer >= 0 or None; use ...
+    """
+
+    batches: int = 0
+    items: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, value, example in (("batches", self.batches, CELL_BATCHES),
+                                     ("items", self.items, CELL_ITEMS)):
+            if value is None and name == "items":
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                allowed = "an integer >= 0" + (" or None" if name == "items" else "")
+                raise ValueError(f"cells=CommunityCells({name}={value!r}): {name} must be "
+                                 f"{allowed}; use e.g. cells=CommunityCells({name}={example})")
+            object.__setattr__(self, name, int(value))
+
+
+class CommunityBuilder:
+    """The :class:`~hardbatch.samplers.refresh.Builder` of :class:`CommunityBatchSampler`: the
+    communities of the kNN rank graph (once for fixed embeddings; globally or cell by cell) and
+    each epoch's order of them, the skipped ranks and keys kept apart.
+
+    Args:
+        plan: the sampler's :class:`~hardbatch.samplers.refresh.PlanShape` (N, B', drop,
+            seed, keys).
+        communities_per_batch: K.
+        skip, window, partitioner, knn_method, imbalance, edges, batching, cells: as for the
+            sampler (checked there).
+        device: where the kNN graphs are computed.
+        fixed: the source is a fixed table: its communities are built once.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.samplers.community_sampler import CommunityBuilder
+        >>> from hardbatch.samplers.refresh import PlanShape
+        >>> builder = CommunityBuilder(PlanShape(40, 8, 5, 0, 0, None), 2, skip=1, window=6,
+        ...                            device=torch.device("cpu"))
+        >>> x = torch.nn.functional.normalize(torch.randn(40, 8), dim=1)
+        >>> order = builder.build(x, 0, None)
+        >>> sorted(order.tolist()) == list(range(40)), builder.parts, builder.exact_build
+        (True, 10, False)
+    """
+
+    exact_build = False
+    cheaper_build = "knn_method='faiss-ivf' (an approximate kNN graph) or " \
+        f"cells=CommunityCells(items={CELL_ITEMS}) (kNN graph and METIS cell by cell)"
+
+    def __init__(self, plan: PlanShape, communities_per_batch: int, *, skip: int = 3,
+                 window: int = 20, partitioner: str = "metis", knn_method: str | None = None,
+                 imbalance: float = 1.03, edges: str = "union", batching: str = "fill",
+                 cells: CommunityCells = CommunityCells(), device: torch.device,
+                 fixed: bool = False) -> None:
+        n, b, k = plan.num_items, plan.batch_size, communities_per_batch
+        self.plan, self.communities_per_batch = plan, k
+        self.skip, self.window, self.partitioner = skip, window, partitioner
+        self.knn_method, self.imbalance, self.edges = knn_method, imbalance, edges
+        self.batching, self.cells, self.device, self.fixed = batching, cells, device, fixed
+        #: the communities (parts) of a build
+        self.parts = n // (b // k) if batching == "trim" else min(n, max(1, round(n * k / b)))
+        #: the cell size of the builds (0: global): ``cells.items``, or its automatic value
+        self.cell_items_used = (0 if n <= AUTO_CELLS_ABOVE else CELL_ITEMS) \
+            if cells.items is None else cells.items
+        self.groups: tuple | None = None  # (labels, skipped pairs, near items) of the last build
+        #: the last build's k-means cell of each item (``cells.batches``; METIS, "fill"), or None
+        self.cell_labels: np.ndarray | None = None
+        self.separated = 0  # swaps of the last built epoch
+        self.forced_pairs = 0  # skipped-rank pairs sharing a batch in the last built epoch
+
+    def communities(self, x: torch.Tensor, epoch: int) -> tuple:
+        """(community labels, skipped-rank pairs, window neighbours) of the unit rows ``x``;
+        built once for fixed embeddings, globally or cell by cell (:attr:`cell_items_used`).
+        With METIS, ``batching="fill"`` and ``cells.batches`` the communities are found within
+        k-means cells (:func:`hardbatch.batching.communities.community_cells`, kept in
+        :attr:`cell_labels`); the authors' ``"trim"`` runs METIS once over the whole graph (or
+        once per cell of ``cells.items``)."""
+        if self.fixed and self.groups is not None:
+            return self.groups
+        plan = self.plan
+        seed = _rng.derive_seed(plan.seed, 0xB3) if self.fixed else \
+            _rng.derive_seed(plan.seed, epoch, 0xB3)
+        local = self.partitioner == "metis" and self.batching == "fill" and self.cells.batches
+        n, d, ranks = x.shape[0], x.shape[1], self.skip + self.window
+        keep = min(ranks, self.skip + NEAR_CANDIDATES)
+        if self.cell_items_used:
+            check_memory(local_communities_bytes(  # cells up to 4x the mean; + near, pairs
+                n, d, min(n, 4 * self.cell_items_used), ranks=ranks, keep=keep,
+                window=self.window, workers=LOCAL_WORKERS) + n * (keep * 8 + self.skip * 40),
+                n=n, d=d, what="CommunityBatchSampler's cell-local build",
+                reduce="smaller cells=CommunityCells(items=...) (or a smaller window=)")
+            xd = x.to(self.device)  # where the kNN graphs are computed
+            cells = coarse_cells(xd, self.cell_items_used, seed=_rng.derive_seed(seed, 0xCE12),
+                                 normalized=True)
+            out = local_communities(xd, cells, self.parts, skip=self.skip, window=self.window,
+                                    partitioner=self.partitioner, seed=seed,
+                                    imbalance=self.imbalance, edges=self.edges, keep=keep,
+                                    cell_batches=self.cells.batches if local else 0,
+                                    batch_size=plan.batch_size, workers=LOCAL_WORKERS)
+            labels, nbrs, self.cell_labels = out.labels, out.neighbors, out.subcells
+        else:
+            check_memory(global_communities_bytes(n, d, ranks=ranks, window=self.window,
+                                                  index=self.knn_method != "exact" and n > 50_000),
+                         n=n, d=d, what="CommunityBatchSampler's global build",
+                         reduce=f"cells=CommunityCells(items={CELL_ITEMS}) (kNN graph and METIS "
+                                "cell by cell) or a smaller window=")
+            method = {} if self.knn_method is None else {"method": self.knn_method}
+            nbrs = knn_graph(x, ranks, device=self.device, seed=seed & 0x7FFFFFFF,
+                             **method).numpy()
+            self.cell_labels = community_cells(x, plan.batch_size, seed=_rng.derive_seed(
+                seed, 0xCE11), cell_batches=self.cells.batches) if local else None
+            labels = community_labels(nbrs, self.parts, skip=self.skip, window=self.window,
+                                      partitioner=self.partitioner, seed=seed, embeddings=x,
+                                      imbalance=self.imbalance, edges=self.edges,
+                                      cells=self.cell_labels)
+        _LOG.info("CommunityBatchSampler build: N=%d d=%d %s", n, d,
+                  f"cell-local, cells of ~{self.cell_items_used} items"
+                  if self.cell_items_used else "global")
+        pairs = rank_graph(nbrs[:, :self.skip], 0, self.skip)
+        near = np.ascontiguousarray(nbrs[:, self.skip:self.skip + NEAR_CANDIDATES], np.int64)
+        self.groups = (labels, pairs, near)
+        return self.groups
+
+    def build(self, x: torch.Tensor, epoch: int, group) -> np.ndarray:
+        """Epoch ``epoch``'s item order (batch i: slice i), from the unit rows ``x``."""
+        labels, pairs, near = self.communities(x, epoch)
+        plan = self.plan
+        b, drop = plan.batch_size, plan.drop
+        kept = plan.num_items - drop
+        keys, seed = plan.keys, _rng.derive_seed(plan.seed, epoch, 0xB4)
+        keyed = keys is not None and keys.any
+        blocks = None
+        if self.batching == "trim":  # B3's authors': no separation; the drop: the order's tail
+            order = trimmed_order(labels, b // self.communities_per_batch, seed=seed)
+            apart = same_key_graph(keys.ids) if keyed else None
+        else:
+            if self.cell_labels is not None:  # pieces cut within cells: noise moves its own
+                order, blocks = cell_order(labels, self.cell_labels, b, self.communities_per_batch,
+                                           seed=seed, drop=drop)
+            else:
+                order = group_order(labels, b, 1, drop=drop, seed=seed)
+            apart = (pairs + same_key_graph(keys.ids)).tocsr() if keyed else pairs
+        if apart is not None and apart.nnz:  # copies kept apart in the same pass
+            order, self.separated, _ = separate_pairs(order, kept, b, apart, x, near, blocks)
+        order = separate_keys(order, kept, b, keys)[:kept]
+        self.forced_pairs = pairs_in_batches(order, kept, b, pairs)
+        return order
+
+    save_structure = staticmethod(save_order)
+    load_structure = staticmethod(load_order)
 
 
 class CommunityBatchSampler(PartitionSampler):
@@ -48,8 +222,8 @@ class CommunityBatchSampler(PartitionSampler):
     into a sparse graph and cut by METIS into ``round(N K / B')`` balanced communities of about
     B' / K items (:func:`hardbatch.batching.communities.community_labels`) in one METIS run over the
     whole graph (B3's; the configuration measured in docs/results/code_search.md). Opt-in,
-    ``cell_batches`` >= 1: one METIS run per cell instead, the items first split into
-    spherical k-means cells of about ``cell_batches`` batches
+    ``cells=CommunityCells(batches=c)``, c >= 1: one METIS run per cell instead, the items
+    first split into spherical k-means cells of about c batches
     (:func:`hardbatch.batching.communities.community_cells`), a cell's communities on the edges
     within it (stable under noise, below; not yet measured in training). The top ``skip`` ranks
     (likely positives or near-duplicates: false negatives) are left out of the graph. Each
@@ -63,17 +237,17 @@ class CommunityBatchSampler(PartitionSampler):
     ``separated`` the swaps). Every item once per epoch; deterministic given ``seed``, the
     epoch and the embeddings.
 
-    Scale (``cell_items``): the global build holds a kNN table, a graph of about ``2 N window``
-    edges and METIS's copy of it (some 30 GB at N = 10M) and its kNN graph costs up to
-    ``N^2 d``. With ``cell_items`` > 0 it runs cell by cell instead
+    Scale (``cells=CommunityCells(items=...)``): the global build holds a kNN table, a graph
+    of about ``2 N window`` edges and METIS's copy of it (some 30 GB at N = 10M) and its kNN
+    graph costs up to ``N^2 d``. With ``cells.items`` > 0 it runs cell by cell instead
     (:mod:`hardbatch.batching.local_communities`): a spherical k-means tree cuts the items into
-    cells of about ``cell_items`` items, and in each cell, on its items alone, the exact kNN
+    cells of about ``cells.items`` items, and in each cell, on its items alone, the exact kNN
     graph, the rank window's edges and METIS into the cell's share of the communities (with
-    ``cell_batches``: per sub-cell of it), two cells at a time; memory beyond the embeddings is
+    ``cells.batches``: per sub-cell of it), two cells at a time; memory beyond the embeddings is
     the ``[N]`` outputs, each item's first ``skip + 16`` cell-local ranks (int32) and the cells
     in flight. An item's window then comes from its cell (a neighbour in another cell is
     replaced by a farther one of its own) and no community crosses a cell: docs/benchmarks.md
-    ("Ten million items") measures what that loses. ``cell_items=None`` (default) builds
+    ("Ten million items") measures what that loses. ``cells.items`` None (default) builds
     globally up to ``AUTO_CELLS_ABOVE`` (2,000,000) items and in cells of ``CELL_ITEMS``
     (10,000) above; the path that ran is logged (``hardbatch.samplers``, INFO) and kept in
     :attr:`cell_items_used`. Before a build allocates, its memory is estimated; a build that
@@ -83,12 +257,12 @@ class CommunityBatchSampler(PartitionSampler):
     Reproducibility across machines: METIS is chaotic in its graph (one edge more or less
     moves every part of its run), and tiny noise in the embeddings (two machines' matrix
     kernels differ by about 1e-6 relative) swaps two kNN ranks tied at a window's end here and
-    there, so no build is bit-stable. With ``cell_batches`` >= 1 the cells keep such a change
+    there, so no build is bit-stable. With ``cells.batches`` >= 1 the cells keep such a change
     in its cell: it moves the
     batches that hold that cell's pieces (about 2 K of them), not the plan. Measured on 20,000
     MiniLM embeddings (B = 64; ``benchmarks/bench_plan_stability.py``): 96% of the batches stay
     identical at 1e-6 and 93% at 1e-5 (one METIS run over the whole graph: 0% and 0%); at 1e-5
-    a k-means cell may move too, which moves more. The default ``cell_batches = 0`` (one
+    a k-means cell may move too, which moves more. The default ``cells.batches = 0`` (one
     METIS run) and the authors' ``batching="trim"`` (one run, one trimming over all parts)
     keep no batch under such noise. To get the same batches on every machine, write the plan
     once and replay it (:func:`hardbatch.write_plan`, :class:`hardbatch.PlanBatchSampler`).
@@ -134,12 +308,12 @@ class CommunityBatchSampler(PartitionSampler):
         batching: ``"fill"`` (default: ``round(N K / B')`` communities, a community that runs
             out mid-batch continued by the next, the top ranks kept apart) or ``"trim"`` (B3's
             authors': ``N // (B' / K)`` parts cut to exactly B' / K items; K must divide B').
-        cell_batches: 0 (default: one METIS run over the graph, or over each cell of
-            ``cell_items``) or the batches per k-means cell of the local build (e.g.
-            ``CELL_BATCHES`` = 2: one METIS run per cell, stable under noise, above); METIS and
-            ``"fill"`` only.
-        cell_items: items per cell of the cell-local build (scale, above); 0: the global build;
-            None (default): 0 up to 2,000,000 items, 10,000 above.
+        cells: where METIS runs: None (default: ``CommunityCells()``, one run over the graph,
+            cells of 10,000 items above 2,000,000) or a :class:`CommunityCells`:
+            ``CommunityCells(batches=2)`` one run per k-means cell of about two batches
+            (stable under noise, above; METIS and ``"fill"`` only),
+            ``CommunityCells(items=10_000)`` the cell-local build (scale, above; ``items=0``:
+            always the global build); both may be given.
         **options: the shared options (:mod:`hardbatch.samplers.options`) but ``prefetch``,
             ``normalize`` (rows are always L2-normalised), ``distributed``, ``process_group``,
             ``precision`` and ``progress``. Here: ``device`` is where the kNN graph is computed
@@ -171,7 +345,7 @@ class CommunityBatchSampler(PartitionSampler):
 
     _settings = PartitionSampler._settings + (
         "communities_per_batch", "skip", "window", "partitioner", "knn_method", "imbalance",
-        "edges", "batching", "cell_batches", "cell_items")
+        "edges", "batching", "cells")
 
     Options = CommunityOptions
 
@@ -179,8 +353,7 @@ class CommunityBatchSampler(PartitionSampler):
                  communities_per_batch: int = 4, *, skip: int = 3, window: int = 20,
                  partitioner: str = "metis", knn_method: str | None = None,
                  imbalance: float = 1.03, edges: str = "union", batching: str = "fill",
-                 cell_batches: int = 0, cell_items: int | None = None,
-                 **options: Unpack[CommunityOptions]) -> None:
+                 cells: CommunityCells | None = None, **options: Unpack[CommunityOptions]) -> None:
         shared = take_options(type(self), options, normalize=True, distributed=False)
         device = shared.pop("device")
         super().__init__(embeddings, batch_size, **shared)
@@ -210,19 +383,29 @@ class CommunityBatchSampler(PartitionSampler):
                              f"communities_per_batch = {b} / {k} items and N={n}: use a "
                              f"communities_per_batch that divides {b} (1: one part per batch, "
                              f"as B3's authors) and N >= {b // k}")
-        self.parts = n // (b // k) if batching == "trim" else min(n, max(1, round(n * k / b)))
-        self.cell_batches = check_int(cell_batches, "cell_batches", low=0)
-        self.cell_items = None if cell_items is None else check_int(cell_items, "cell_items",
-                                                                    low=0)
-        #: the cell size of the builds (0: global): ``cell_items``, or its automatic value
-        self.cell_items_used = (0 if n <= AUTO_CELLS_ABOVE else CELL_ITEMS) \
-            if cell_items is None else self.cell_items
-        self.device = resolve_device(device)
-        self.fixed = fixed_source(embeddings)
-        self.groups: tuple | None = None  # (labels, skipped pairs, near items) of the last build
-        self.cells: np.ndarray | None = None  # the last build's cells (METIS and "fill" only)
-        self.separated = 0  # swaps of the last built epoch
-        self.forced_pairs = 0  # skipped-rank pairs sharing a batch in the last built epoch
+        if cells is None:
+            cells = CommunityCells()
+        elif not isinstance(cells, CommunityCells):
+            raise ValueError(f"cells={cells!r} must be None or a CommunityCells: e.g. "
+                             "cells=CommunityCells(batches=2) (one METIS run per k-means cell "
+                             "of about two batches) or cells=CommunityCells(items=10_000) (the "
+                             "cell-local build)")
+        self.cells = cells
+        self.refresh_policy.builder = CommunityBuilder(
+            self._plan_shape(self.drop_count), k, skip=self.skip, window=self.window,
+            partitioner=partitioner, knn_method=knn_method, imbalance=self.imbalance,
+            edges=edges, batching=batching, cells=cells, device=resolve_device(device),
+            fixed=fixed_source(embeddings))
+
+    parts = built("parts", "The communities (parts) of a build.")
+    cell_items_used = built("cell_items_used", "The cell size of the builds (0: global): "
+                                               "``cells.items``, or its automatic value.")
+    groups = built("groups", "(labels, skipped pairs, near items) of the last build, or None.")
+    cell_labels = built("cell_labels", "The last build's k-means cell of each item "
+                                       "(``cells.batches``; METIS and ``\"fill\"``), or None.")
+    separated = built("separated", "Swaps of the last built epoch.")
+    forced_pairs = built("forced_pairs", "Skipped-rank pairs sharing a batch in the last built "
+                                         "epoch.")
 
     @classmethod
     def authors(cls, embeddings: EmbeddingSource, batch_size: int,
@@ -230,86 +413,3 @@ class CommunityBatchSampler(PartitionSampler):
         """B3 with its authors' settings (:attr:`AUTHORS`); ``options`` override them (e.g.
         ``skip=69`` for their window 70 .. 169) or add others (``seed``, ``drop_last``, ...)."""
         return cls(embeddings, batch_size, **{**cls.AUTHORS, **options})
-
-    def communities(self, x: torch.Tensor, epoch: int) -> tuple:
-        """(community labels, skipped-rank pairs, window neighbours) of the unit rows ``x``;
-        built once for fixed embeddings, globally or cell by cell (:attr:`cell_items_used`).
-        With METIS, ``batching="fill"`` and ``cell_batches`` the communities are found within
-        k-means cells (:func:`hardbatch.batching.communities.community_cells`, kept in
-        :attr:`cells`); the authors' ``"trim"`` runs METIS once over the whole graph (or once
-        per cell of ``cell_items``)."""
-        if self.fixed and self.groups is not None:
-            return self.groups
-        seed = _rng.derive_seed(self.seed, 0xB3) if self.fixed else \
-            _rng.derive_seed(self.seed, epoch, 0xB3)
-        local = self.partitioner == "metis" and self.batching == "fill" and self.cell_batches
-        n, d, ranks = x.shape[0], x.shape[1], self.skip + self.window
-        keep = min(ranks, self.skip + NEAR_CANDIDATES)
-        if self.cell_items_used:
-            check_memory(local_communities_bytes(  # cells up to 4x the mean; + near, pairs
-                n, d, min(n, 4 * self.cell_items_used), ranks=ranks, keep=keep,
-                window=self.window, workers=LOCAL_WORKERS) + n * (keep * 8 + self.skip * 40),
-                n=n, d=d, what="CommunityBatchSampler's cell-local build",
-                reduce="a smaller cell_items= (or a smaller window=)")
-            xd = x.to(self.device)  # where the kNN graphs are computed
-            cells = coarse_cells(xd, self.cell_items_used, seed=_rng.derive_seed(seed, 0xCE12),
-                                 normalized=True)
-            out = local_communities(xd, cells, self.parts, skip=self.skip, window=self.window,
-                                    partitioner=self.partitioner, seed=seed,
-                                    imbalance=self.imbalance, edges=self.edges, keep=keep,
-                                    cell_batches=self.cell_batches if local else 0,
-                                    batch_size=self.plan_batch_size, workers=LOCAL_WORKERS)
-            labels, nbrs, self.cells = out.labels, out.neighbors, out.subcells
-        else:
-            check_memory(global_communities_bytes(n, d, ranks=ranks, window=self.window,
-                                                  index=self.knn_method != "exact" and n > 50_000),
-                         n=n, d=d, what="CommunityBatchSampler's global build",
-                         reduce=f"cell_items= (e.g. {CELL_ITEMS}: kNN graph and METIS cell by "
-                                "cell) or a smaller window=")
-            method = {} if self.knn_method is None else {"method": self.knn_method}
-            nbrs = knn_graph(x, ranks, device=self.device, seed=seed & 0x7FFFFFFF,
-                             **method).numpy()
-            self.cells = community_cells(x, self.plan_batch_size, seed=_rng.derive_seed(
-                seed, 0xCE11), cell_batches=self.cell_batches) if local else None
-            labels = community_labels(nbrs, self.parts, skip=self.skip, window=self.window,
-                                      partitioner=self.partitioner, seed=seed, embeddings=x,
-                                      imbalance=self.imbalance, edges=self.edges,
-                                      cells=self.cells)
-        _LOG.info("CommunityBatchSampler build: N=%d d=%d %s", n, d,
-                  f"cell-local, cells of ~{self.cell_items_used} items"
-                  if self.cell_items_used else "global")
-        pairs = rank_graph(nbrs[:, :self.skip], 0, self.skip)
-        near = np.ascontiguousarray(nbrs[:, self.skip:self.skip + NEAR_CANDIDATES], np.int64)
-        self.groups = (labels, pairs, near)
-        return self.groups
-
-    def build(self, x: torch.Tensor, epoch: int, group) -> np.ndarray:
-        """Epoch ``epoch``'s item order (batch i: slice i), from the unit rows ``x``."""
-        labels, pairs, near = self.communities(x, epoch)
-        b, drop = self.plan_batch_size, self.drop_count
-        kept = self.num_items - drop
-        keys, seed = self.duplicate_keys, _rng.derive_seed(self.seed, epoch, 0xB4)
-        keyed = keys is not None and keys.any
-        blocks = None
-        if self.batching == "trim":  # B3's authors': no separation; the drop: the order's tail
-            order = trimmed_order(labels, b // self.communities_per_batch, seed=seed)
-            apart = same_key_graph(keys.ids) if keyed else None
-        else:
-            if self.cells is not None:  # pieces cut within cells: noise in one moves its own
-                order, blocks = cell_order(labels, self.cells, b, self.communities_per_batch,
-                                           seed=seed, drop=drop)
-            else:
-                order = group_order(labels, b, 1, drop=drop, seed=seed)
-            apart = (pairs + same_key_graph(keys.ids)).tocsr() if keyed else pairs
-        if apart is not None and apart.nnz:  # copies kept apart in the same pass
-            order, self.separated, _ = separate_pairs(order, kept, b, apart, x, near, blocks)
-        order = separate_keys(order, kept, b, keys)[:kept]
-        self.forced_pairs = pairs_in_batches(order, kept, b, pairs)
-        return order
-
-    def draw(self, order: np.ndarray, index: int, seed: int, start: int | None) -> np.ndarray:
-        """Plan batch ``index``: slice ``index`` of the epoch's order."""
-        return self.slice_batch(order, index)
-
-    save_structure = staticmethod(save_order)
-    load_structure = staticmethod(load_order)

@@ -1,9 +1,10 @@
 """The common core of the samplers that read item embeddings: :class:`EmbeddingSampler`.
 
-Its batches are drawn from a structure (a graph, an embedding snapshot, an order) that a
-composed :class:`~hardbatch.samplers.refresh.RefreshPolicy` rebuilds from the embedding source;
-the sampler is the policy's :class:`~hardbatch.samplers.refresh.Builder` (``build``, ``draw``,
-``save_structure``, ``load_structure``). Two kinds build on it, one module each:
+Its batches are drawn (``draw``) from a structure (a graph, an embedding snapshot, an order)
+that a composed :class:`~hardbatch.samplers.refresh.RefreshPolicy` rebuilds from the embedding
+source with the :class:`~hardbatch.samplers.refresh.Builder` the sampler injects into it
+(``build``, ``save_structure``, ``load_structure`` and the build's cost estimate). Two kinds
+build on it, one module each:
 :class:`~hardbatch.samplers.walk_sampler.WalkSampler` (a batch grows around a start item; the
 structure is rebuilt every ``refresh_every`` steps) and
 :class:`~hardbatch.samplers.partition_sampler.PartitionSampler` (an epoch is cut into batches;
@@ -16,7 +17,7 @@ from .. import distributed as hbdist
 from .._validation import check_int
 from ..embeddings import EmbeddingSource, source_num_items
 from .base import PlanSampler
-from .refresh import RefreshPolicy
+from .refresh import PlanShape, RefreshPolicy
 
 
 def _forwarded(name: str, doc: str) -> property:
@@ -24,12 +25,28 @@ def _forwarded(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.refresh_policy, name), doc=doc)
 
 
+def built(name: str, doc: str) -> property:
+    """A read-only sampler attribute that is its builder's ``name`` (what the last build
+    found: its groups, its counts).
+
+    Example:
+        >>> import numpy as np
+        >>> import hardbatch as hb
+        >>> sampler = hb.ClusterBatchSampler(np.eye(40, 8), 8, kmeans="torch")
+        >>> type(sampler).labels.__doc__, sampler.labels is None
+        ('The clusters of the last build (None before it).', True)
+    """
+    return property(lambda self: getattr(self.refresh_policy.builder, name), doc=doc)
+
+
 class EmbeddingSampler(PlanSampler):
     """A plan sampler whose batches come from a structure rebuilt from an embedding source.
 
     Not used directly: subclass :class:`~hardbatch.samplers.WalkSampler` or
     :class:`~hardbatch.samplers.PartitionSampler`, which say when the structure is rebuilt
-    (``_schedule``) and how an epoch's batches are drawn from it.
+    (``_schedule``) and how an epoch's batches are drawn from it; a concrete sampler injects
+    its builder into the policy at the end of its constructor
+    (``self.refresh_policy.builder = ...``).
 
     Args:
         embeddings: the source: an [N, d] tensor / array, an EmbeddingBank or a callable.
@@ -83,17 +100,24 @@ class EmbeddingSampler(PlanSampler):
                              "builds then use a process group of their own, off the training "
                              "loop's thread); pass background=True or prefetch=0")
         self.normalize = bool(normalize)
-        self.refresh_policy = RefreshPolicy(
-            embeddings, self, n, first=first, paired=paired, normalize=self.normalize,
-            every=every, lag=lag, background=background, distributed=bool(distributed),
-            process_group=process_group, per_epoch=self._per_epoch,
-            threaded=bool(self.prefetch))
+        self.refresh_policy = RefreshPolicy(  # its builder: injected by the concrete sampler
+            embeddings, None, n, name=type(self).__name__, first=first, paired=paired,
+            normalize=self.normalize, every=every, lag=lag, background=background,
+            distributed=bool(distributed), process_group=process_group,
+            per_epoch=self._per_epoch, threaded=bool(self.prefetch))
 
     def _schedule(self, every: int | None, lag: int) -> int | None:
         """The refresh period the policy uses, checked against ``lag``."""
         raise NotImplementedError
 
+    def _plan_shape(self, drop: int = 0) -> PlanShape:
+        """What the builder knows of the plan (``drop``: items an epoch leaves out)."""
+        return PlanShape(self.num_items, self.plan_batch_size, self.batches_per_epoch, drop,
+                         self.seed, self.duplicate_keys)
+
     source = _forwarded("source", "The embedding source.")
+    builder = _forwarded("builder", "The :class:`~hardbatch.samplers.refresh.Builder` of the "
+                                    "structure (its build, checkpoints and cost estimate).")
     refresh_every = _forwarded("every", "Steps between rebuilds (the paper's t; None: once; "
                                         "the steps of an epoch for partition samplers).")
     refresh_lag = _forwarded("lag", "Steps between a snapshot and the use of its structure.")

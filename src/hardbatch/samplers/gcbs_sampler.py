@@ -1,4 +1,8 @@
-"""Global Contrastive Batch Sampling (GCBS): each epoch's batches cut from a GCBS order."""
+"""Global Contrastive Batch Sampling (GCBS): each epoch's batches cut from a GCBS order.
+
+:class:`GCBSOrderBuilder` builds (and checkpoints) an epoch's order; the sampler cuts it into
+batches.
+"""
 
 from __future__ import annotations
 
@@ -17,11 +21,93 @@ from ..batching.gcbs import check_min_partners, check_search_args, default_inter
 from ..keys.repair import separate_keys
 from .options import GCBSOptions, take_options
 from .partition_sampler import PartitionSampler
+from .refresh import PlanShape
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 Order = tuple[np.ndarray, np.ndarray]  # (item order [N or N - N mod B], batch order [nb])
+
+
+class GCBSOrderBuilder:
+    """The :class:`~hardbatch.samplers.refresh.Builder` of :class:`GCBSSampler`: an epoch's
+    item order (:func:`hardbatch.gcbs_permutation`, interleaved, the dropped items last, keys
+    separated) and the order in which its batches are visited.
+
+    Args:
+        plan: the sampler's :class:`~hardbatch.samplers.refresh.PlanShape` (N, B', batches,
+            drop, seed, keys).
+        quantile, method, min_partners, interleave, shuffle_batches: as for the sampler.
+        search: ``(nlist, nprobe, partitions)``, the options of the pair search methods.
+        paired: whether a build reads a pair ``(x, y)``.
+        device, precision, progress: where and how the products run; the bar of long builds.
+        distributed: build sharded across the ranks of the group the policy passes.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.samplers.gcbs_sampler import GCBSOrderBuilder
+        >>> from hardbatch.samplers.refresh import PlanShape
+        >>> builder = GCBSOrderBuilder(PlanShape(40, 8, 5, 0, 0, None), 0.9, method="exact",
+        ...                            device=torch.device("cpu"))
+        >>> order, batch_order = builder.build(torch.randn(40, 8), 0, None)
+        >>> sorted(order.tolist()) == list(range(40)), batch_order.tolist(), builder.exact_build
+        (True, [0, 1, 2, 3, 4], True)
+    """
+
+    cheaper_build = "method='ivf' instead of the exact search"
+
+    def __init__(self, plan: PlanShape, quantile: float, *, method: str = "auto",
+                 min_partners: int | None = None, search: tuple = (None, 8, None),
+                 interleave: int = 0, shuffle_batches: bool = False, paired: bool = False,
+                 device: torch.device, precision: str = "fp32", progress: bool | None = None,
+                 distributed: bool = False) -> None:
+        self.plan, self.quantile, self.method = plan, quantile, method
+        self.min_partners, self.interleave = min_partners, interleave
+        self.nlist, self.nprobe, self.partitions = search
+        self.shuffle_batches, self.paired = shuffle_batches, paired
+        self.device, self.precision, self.progress = device, precision, progress
+        self.distributed = distributed
+
+    @property
+    def exact_build(self) -> bool:
+        """Whether a build is the exact (quadratic) pair search (the refresh cost advice)."""
+        return self.method == "exact"
+
+    def build(self, x, epoch: int, group) -> Order:
+        """Epoch ``epoch``'s item order and batch order, from embeddings ``x`` (a pair
+        ``(x, y)`` with ``paired``; rows are normalised by the order's build)."""
+        plan = self.plan
+        x, y = x if self.paired else (x, None)
+        build = sharded_gcbs_permutation if self.distributed else gcbs_permutation
+        kw = {"group": group} if self.distributed else {"progress": self.progress}
+        perm = build(x, self.quantile, y, method=self.method, min_partners=self.min_partners,
+                     seed=_rng.derive_seed(plan.seed, epoch) & 0x7FFFFFFF,
+                     nlist=self.nlist, nprobe=self.nprobe, partitions=self.partitions,
+                     device=self.device, precision=self.precision, **kw)
+        perm = interleave_chunks(perm.numpy(), self.interleave)
+        if plan.drop:  # dropped: a random choice of positions, not always the order's tail
+            drop = _rng.permutation(plan.num_items, _rng.derive_seed(plan.seed, epoch, 3))
+            keep = np.ones(plan.num_items, bool)
+            keep[drop[:plan.drop]] = False
+            perm = np.concatenate([perm[keep], perm[~keep]])  # the dropped ones at the end
+        kept = plan.num_items - plan.drop
+        perm = separate_keys(perm, kept, plan.batch_size, plan.keys)[:kept]
+        batch_order = (_rng.permutation(plan.batches, _rng.derive_seed(plan.seed, epoch, 2))
+                       if self.shuffle_batches else np.arange(plan.batches))
+        return perm, batch_order
+
+    @staticmethod
+    def save_structure(order: Order) -> dict:
+        """The item order and batch order as tensors."""
+        return {"order": torch.from_numpy(order[0].copy()),
+                "batch_order": torch.from_numpy(order[1].copy())}
+
+    @staticmethod
+    def load_structure(state: dict) -> Order | None:
+        """The orders saved by :meth:`save_structure`, or None."""
+        if "order" not in state:
+            return None
+        return np.asarray(state["order"], np.int64), np.asarray(state["batch_order"], np.int64)
 
 
 class GCBSSampler(PartitionSampler):
@@ -121,52 +207,14 @@ class GCBSSampler(PartitionSampler):
         if partitions is not None and check_int(partitions, "partitions", low=1) > n:
             raise ValueError(f"partitions={partitions} must be at most the N={n} items; use "
                              "partitions <= N or None")
-
-    @property
-    def exact_build(self) -> bool:
-        """Whether a build is the exact (quadratic) pair search (the refresh cost advice)."""
-        return self.method == "exact"
-
-    cheaper_build = "method='ivf' instead of the exact search"
-
-    def build(self, x, epoch: int, group) -> Order:
-        """Epoch ``epoch``'s item order and batch order, from embeddings ``x`` (a pair
-        ``(x, y)`` with ``paired``; rows are normalised by the order's build)."""
-        x, y = x if self.paired is not None else (x, None)
-        build = sharded_gcbs_permutation if self.distributed else gcbs_permutation
-        kw = {"group": group} if self.distributed else {"progress": self.progress}
-        perm = build(x, self.quantile, y, method=self.method, min_partners=self.min_partners,
-                     seed=_rng.derive_seed(self.seed, epoch) & 0x7FFFFFFF,
-                     nlist=self.nlist, nprobe=self.nprobe, partitions=self.partitions,
-                     device=self.device, precision=self.precision, **kw)
-        perm = interleave_chunks(perm.numpy(), self.interleave)
-        extra = self.drop_count
-        if extra:  # dropped: a random choice of positions, not always the order's tail
-            drop = _rng.permutation(self.num_items, _rng.derive_seed(self.seed, epoch, 3))
-            keep = np.ones(self.num_items, bool)
-            keep[drop[:extra]] = False
-            perm = np.concatenate([perm[keep], perm[~keep]])  # the dropped ones at the end
-        kept = self.num_items - extra
-        perm = separate_keys(perm, kept, self.plan_batch_size, self.duplicate_keys)[:kept]
-        nb = self.batches_per_epoch
-        batch_order = (_rng.permutation(nb, _rng.derive_seed(self.seed, epoch, 2))
-                       if self.shuffle_batches else np.arange(nb))
-        return perm, batch_order
+        self.refresh_policy.builder = GCBSOrderBuilder(
+            self._plan_shape(self.drop_count), self.quantile, method=method,
+            min_partners=self.min_partners, search=(self.nlist, self.nprobe, partitions),
+            interleave=self.interleave, shuffle_batches=self.shuffle_batches,
+            paired=paired is not None, device=self.device, precision=precision,
+            progress=progress, distributed=self.distributed)
 
     def draw(self, order: Order, index: int, seed: int, start: int | None) -> np.ndarray:
         """Plan batch ``index``: slice ``batch_order[index]`` of the item order."""
         b, size = int(order[1][index % self.batches_per_epoch]), self.plan_batch_size
         return order[0][b * size:(b + 1) * size]
-
-    @staticmethod
-    def save_structure(order: Order) -> dict:
-        """The item order and batch order as tensors."""
-        return {"order": torch.from_numpy(order[0].copy()),
-                "batch_order": torch.from_numpy(order[1].copy())}
-
-    @staticmethod
-    def load_structure(state: dict) -> Order | None:
-        """The orders saved by :meth:`save_structure`, or None."""
-        if "order" not in state:
-            return None
-        return np.asarray(state["order"], np.int64), np.asarray(state["batch_order"], np.int64)

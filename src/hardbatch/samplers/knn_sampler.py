@@ -1,9 +1,11 @@
 """The kNN sampler (BatchSampler's baseline): an anchor plus its B-1 nearest neighbours.
 
 The sampler's policy lives here too: which index, if any, a snapshot gets
-(:func:`sampler_index_kind`); the searches themselves are :mod:`hardbatch.neighbors`' (the
-anchor's exact nearest rows, :func:`~hardbatch.neighbors.exact_search.item_neighbors`; an
-index's, :class:`~hardbatch.neighbors.index_search.NeighborIndex`).
+(:func:`sampler_index_kind`), and its builder, :class:`SnapshotBuilder` (a snapshot of the
+embeddings per refresh, indexed or not); the searches themselves are
+:mod:`hardbatch.neighbors`' (the anchor's exact nearest rows,
+:func:`~hardbatch.neighbors.exact_search.item_neighbors`; an index's,
+:class:`~hardbatch.neighbors.index_search.NeighborIndex`).
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from ..neighbors.exact_search import item_neighbors
 from ..neighbors.index_search import (RECALL_MARGIN, RECALL_TARGET, NeighborIndex,
                                       import_index_library, resolve_knn_method)
 from .options import KNNOptions, take_options
+from .refresh import PlanShape
 from .walk_sampler import WalkSampler
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["AUTO_SAMPLER_MIN_STEPS", "KNNBatchSampler", "SAMPLER_METHODS", "sampler_index_kind"]
+__all__ = ["AUTO_SAMPLER_MIN_STEPS", "KNNBatchSampler", "SAMPLER_METHODS", "SnapshotBuilder",
+           "sampler_index_kind"]
 
 #: KNNBatchSampler(method="auto") indexes a snapshot only if it serves at least this many steps:
 #: an IVF build costs about as much as 500 exact per-batch products (bench_knn_index.py --sampler).
@@ -62,6 +66,74 @@ def sampler_index_kind(method: str, num_items: int, refresh_every: int | None,
     if method == "exact" or world_size > 1 or not serves:
         return None
     return "ivf" if resolve_knn_method(method, num_items, device) == "auto-ivf" else None
+
+
+class SnapshotBuilder:
+    """The :class:`~hardbatch.samplers.refresh.Builder` of :class:`KNNBatchSampler`: a snapshot
+    of the embeddings on ``device`` per refresh, with its tuned index for an index method.
+
+    Args:
+        plan: the sampler's :class:`~hardbatch.samplers.refresh.PlanShape` (seed, B').
+        method: the sampler's ``method`` (``"auto"`` keeps the exact product where an index
+            misses its recall target).
+        index_kind: None (an exact product per batch), ``"ivf"`` or ``"hnsw"``
+            (:func:`sampler_index_kind`).
+        device: where the snapshot lives (the per-batch products run there).
+        normalize: whether the rows read are already a new (normalised) tensor; else the build
+            copies them, so that later writes to the source leave the snapshot alone.
+
+    Example:
+        >>> import torch
+        >>> from hardbatch.samplers.knn_sampler import SnapshotBuilder
+        >>> from hardbatch.samplers.refresh import PlanShape
+        >>> builder = SnapshotBuilder(PlanShape(40, 4, 10, 0, 0, None), "exact", None,
+        ...                           device=torch.device("cpu"))
+        >>> snapshot = builder.build(torch.eye(40, 8), 0, None)
+        >>> tuple(snapshot.shape), builder.exact_build, sorted(builder.save_structure(snapshot))
+        ((40, 8), True, ['snapshot'])
+    """
+
+    cheaper_build = "method='ivf' instead of the exact search"
+
+    def __init__(self, plan: PlanShape, method: str, index_kind: str | None, *,
+                 device: torch.device, normalize: bool = True) -> None:
+        self.plan, self.method, self.index_kind = plan, method, index_kind
+        self.device, self.normalize = device, normalize
+
+    @property
+    def exact_build(self) -> bool:
+        """Whether every batch is an exact product (``method="exact"``; the cost advice)."""
+        return self.method == "exact"
+
+    def build(self, x: torch.Tensor, step: int, group) -> torch.Tensor:
+        """The snapshot [N, d] on ``device`` (checked for NaN / inf)."""
+        # Normalised rows are a new tensor already; without normalize ``x`` may be the live
+        # source (an EmbeddingBank), and the snapshot must stay as it was at its refresh step.
+        snapshot = embedding_tensor(x).to(self.device, copy=not self.normalize)
+        return self._indexed(snapshot)
+
+    def _indexed(self, snapshot: torch.Tensor):
+        """The snapshot (checked), or (snapshot, its tuned index) for an index method."""
+        if self.index_kind is None:
+            return snapshot
+        index = NeighborIndex(snapshot, self.index_kind, seed=self.plan.seed,
+                              check_finite=False)  # build() checked it
+        if index.tune(self.plan.batch_size - 1) < RECALL_TARGET + RECALL_MARGIN and \
+                self.method == "auto":
+            return snapshot  # data without cluster structure: the exact product per batch
+        return snapshot, index
+
+    def save_structure(self, structure) -> dict:
+        """The snapshot on the CPU (an index is rebuilt from it on load)."""
+        snapshot = structure[0] if isinstance(structure, tuple) else structure
+        return {"snapshot": snapshot.cpu().clone()}
+
+    def load_structure(self, state: dict):
+        """The snapshot saved by :meth:`save_structure` on ``device``, or None."""
+        if "snapshot" not in state:
+            return None
+        return self._indexed(embedding_tensor(state["snapshot"], "the state's snapshot")
+                             .to(self.device))
 
 
 class KNNBatchSampler(WalkSampler):
@@ -127,31 +199,9 @@ class KNNBatchSampler(WalkSampler):
                 str(self.plan_batch_size)
             raise ValueError(f"{name} must be smaller than N={self.num_items} for the kNN "
                              "sampler (anchor plus B-1 neighbours)")
-
-    @property
-    def exact_build(self) -> bool:
-        """Whether every batch is an exact product (``method="exact"``; the cost advice)."""
-        return self.method == "exact"
-
-    cheaper_build = "method='ivf' instead of the exact search"
-
-    def build(self, x: torch.Tensor, step: int, group) -> torch.Tensor:
-        """The snapshot [N, d] on ``device`` (checked for NaN / inf)."""
-        # Normalised rows are a new tensor already; without normalize ``x`` may be the live
-        # source (an EmbeddingBank), and the snapshot must stay as it was at its refresh step.
-        snapshot = embedding_tensor(x).to(self.device, copy=not self.normalize)
-        return self._indexed(snapshot)
-
-    def _indexed(self, snapshot: torch.Tensor):
-        """The snapshot (checked), or (snapshot, its tuned index) for an index method."""
-        if self.index_kind is None:
-            return snapshot
-        index = NeighborIndex(snapshot, self.index_kind, seed=self.seed,
-                              check_finite=False)  # build() checked it
-        if index.tune(self.plan_batch_size - 1) < RECALL_TARGET + RECALL_MARGIN and \
-                self.method == "auto":
-            return snapshot  # data without cluster structure: the exact product per batch
-        return snapshot, index
+        self.refresh_policy.builder = SnapshotBuilder(self._plan_shape(), method,
+                                                      self.index_kind, device=self.device,
+                                                      normalize=self.normalize)
 
     def _nearest(self, structure, anchor: int, k: int) -> np.ndarray:
         """The k items nearest to ``anchor``, nearest first (by the index where there is one)."""
@@ -182,15 +232,3 @@ class KNNBatchSampler(WalkSampler):
                 k = min(self.num_items - 1, 2 * k)
         state.seen[batch] = 1
         return batch
-
-    def save_structure(self, structure: torch.Tensor) -> dict:
-        """The snapshot on the CPU (an index is rebuilt from it on load)."""
-        snapshot = structure[0] if isinstance(structure, tuple) else structure
-        return {"snapshot": snapshot.cpu().clone()}
-
-    def load_structure(self, state: dict) -> torch.Tensor | None:
-        """The snapshot saved by :meth:`save_structure` on ``device``, or None."""
-        if "snapshot" not in state:
-            return None
-        return self._indexed(embedding_tensor(state["snapshot"], "the state's snapshot")
-                             .to(self.device))

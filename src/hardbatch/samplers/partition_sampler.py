@@ -1,9 +1,10 @@
 """Partition samplers: each epoch is an order of the items, cut into batches.
 
 :class:`PartitionSampler` is the base of GCBS, the cluster (TAS-B) and the community (B3)
-samplers: the structure (an epoch's order) is rebuilt for every epoch (``refresh_lag`` steps
-before it with a lag) and batch i is ``draw(order, i, ...)``, a part of the partition. The
-helpers below serve the orders that are cut into consecutive slices.
+samplers: the structure (an epoch's order), built by the sampler's builder, is rebuilt for
+every epoch (``refresh_lag`` steps before it with a lag) and batch i is ``draw(order, i,
+...)``, a part of the partition. The helpers below serve the orders that are cut into
+consecutive slices.
 """
 
 from __future__ import annotations
@@ -59,21 +60,25 @@ def load_order(state: dict) -> np.ndarray | None:
 class PartitionSampler(EmbeddingSampler):
     """An embedding sampler whose epoch is a partition of the items, rebuilt every epoch.
 
-    Subclasses implement the :class:`~hardbatch.samplers.refresh.Builder` protocol: ``build``
-    (epoch e's structure from the embeddings read for it), ``draw`` (plan batch i of the
-    epoch; :meth:`slice_batch` for an order cut into consecutive slices),
-    ``save_structure``, ``load_structure``.
+    Subclasses inject the :class:`~hardbatch.samplers.refresh.Builder` of their epoch's
+    structure into the refresh policy in their constructor (``self.refresh_policy.builder =
+    ...``; :func:`save_order` / :func:`load_order` checkpoint an order) and, unless batch i
+    is slice i of an order (:meth:`slice_batch`, the default), implement ``draw`` (plan
+    batch i of the epoch).
 
     Example:
         >>> import numpy as np, torch
         >>> from hardbatch.samplers import PartitionSampler
         >>> from hardbatch.samplers.partition_sampler import load_order, save_order
-        >>> class ByFirstFeature(PartitionSampler):  # batches of items sorted by x[:, 0]
+        >>> class OrderBuilder:  # the items in the order of x[:, 0]
+        ...     exact_build, cheaper_build = False, "a smaller N"
         ...     def build(self, x, epoch, group):
         ...         return torch.argsort(x[:, 0]).numpy()
-        ...     def draw(self, order, index, seed, start):
-        ...         return self.slice_batch(order, index)
         ...     save_structure, load_structure = staticmethod(save_order), staticmethod(load_order)
+        >>> class ByFirstFeature(PartitionSampler):  # batches of items sorted by x[:, 0]
+        ...     def __init__(self, embeddings, batch_size, **options):
+        ...         super().__init__(embeddings, batch_size, **options)
+        ...         self.refresh_policy.builder = OrderBuilder()
         >>> sampler = ByFirstFeature(np.random.default_rng(0).random((40, 8)), 16)
         >>> [len(b) for b in sampler], sampler.coverage
         ([16, 16, 8], 1.0)
@@ -142,6 +147,11 @@ class PartitionSampler(EmbeddingSampler):
         """
         size, index = self.plan_batch_size, index % self.batches_per_epoch
         return order[index * size:(index + 1) * size]
+
+    def draw(self, order: np.ndarray, index: int, seed: int, start: int | None) -> np.ndarray:
+        """Plan batch ``index``: by default :meth:`slice_batch` (slice ``index`` of the epoch's
+        order)."""
+        return self.slice_batch(order, index)
 
     # -- the plan (PlanSampler's hooks) ------------------------------------
     def _begin_epoch(self, fresh: bool) -> None:

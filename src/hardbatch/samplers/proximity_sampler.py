@@ -1,4 +1,8 @@
-"""The proximity-graph sampler (BatchSampler, Yang et al., KDD 2023): walks on a proximity graph."""
+"""The proximity-graph sampler (BatchSampler, Yang et al., KDD 2023): walks on a proximity graph.
+
+:class:`ProximityGraphBuilder` builds the graph (and checkpoints it); the sampler draws its
+walks on it.
+"""
 
 from __future__ import annotations
 
@@ -17,10 +21,83 @@ from ..neighbors.knn_graph import sharded_knn_graph, sharded_proximity_graph
 from ..schedules import LinearDecay
 from ..batching.walks import WALKS, check_restart, default_patience, prepare_graph
 from .options import ProximityOptions, take_options
+from .refresh import PlanShape
 from .walk_sampler import WalkSampler
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+
+class ProximityGraphBuilder:
+    """The :class:`~hardbatch.samplers.refresh.Builder` of :class:`ProximityGraphSampler`: the
+    proximity graph (:func:`hardbatch.proximity_graph`; the exact :func:`hardbatch.knn_graph`
+    with ``kind="knn"``) of each refresh, as the walks' neighbour table and row degrees.
+
+    Args:
+        plan: the sampler's :class:`~hardbatch.samplers.refresh.PlanShape` (N, seed).
+        candidates, neighbors: M and K.
+        kind: ``"proximity"`` or ``"knn"``.
+        group_size: candidate-pool sharing of :func:`hardbatch.proximity_graph`.
+        device, precision, progress: where and how the products run; the bar of long builds.
+        distributed: build sharded across the ranks of the group the policy passes.
+
+    Example:
+        >>> import numpy as np
+        >>> import torch
+        >>> from hardbatch.samplers.proximity_sampler import ProximityGraphBuilder
+        >>> from hardbatch.samplers.refresh import PlanShape
+        >>> builder = ProximityGraphBuilder(PlanShape(40, 8, 5, 0, 0, None), 20, 5, "proximity",
+        ...                                 None, device=torch.device("cpu"))
+        >>> graph, degrees = builder.build(torch.eye(40, 8), 0, None)
+        >>> graph.shape, builder.exact_build, builder.load_structure({}) is None
+        ((40, 5), False, True)
+    """
+
+    cheaper_build = "graph='proximity' (the approximate proximity graph) instead of the exact " \
+        "graph='knn'"
+
+    def __init__(self, plan: PlanShape, candidates: int, neighbors: int,
+                 kind: Literal["proximity", "knn"], group_size: int | None, *,
+                 device: torch.device, precision: str = "fp32", progress: bool | None = None,
+                 distributed: bool = False) -> None:
+        self.plan, self.candidates, self.neighbors = plan, candidates, neighbors
+        self.kind, self.group_size = kind, group_size
+        self.device, self.precision, self.progress = device, precision, progress
+        self.distributed = distributed
+
+    @property
+    def exact_build(self) -> bool:
+        """Whether a build is the exact (quadratic) kNN graph (the refresh cost advice)."""
+        return self.kind == "knn"
+
+    def build(self, x: torch.Tensor, step: int, group) -> tuple[np.ndarray, np.ndarray]:
+        """The neighbour table and row degrees of the graph of ``x`` (built on ``device``; only
+        the table becomes NumPy, for the walks' numba kernels)."""
+        seed = _rng.derive_seed(self.plan.seed, step, 0x6A)
+        kw = {"device": self.device, "precision": self.precision}
+        if group is None and not self.distributed:
+            if self.kind == "knn":
+                graph = knn_graph(x, self.neighbors, progress=self.progress, **kw)
+            else:
+                graph = proximity_graph(x, self.candidates, self.neighbors, seed,
+                                        group_size=self.group_size, progress=self.progress, **kw)
+        elif self.kind == "knn":
+            graph = sharded_knn_graph(x, self.neighbors, group=group, **kw)
+        else:
+            graph = sharded_proximity_graph(x, self.candidates, self.neighbors, seed,
+                                            group_size=self.group_size, group=group, **kw)
+        return prepare_graph(graph, self.plan.num_items)
+
+    def save_structure(self, structure) -> dict:
+        """The neighbour table as a tensor (int32 below 2**31 items)."""
+        return {"graph": torch.from_numpy(structure[0].astype(
+            np.int32 if self.plan.num_items < 2**31 else np.int64))}
+
+    def load_structure(self, state: dict):
+        """The graph saved by :meth:`save_structure`, or None."""
+        if "graph" not in state:
+            return None
+        return prepare_graph(np.asarray(state["graph"], np.int64), self.plan.num_items)
 
 
 class ProximityGraphSampler(WalkSampler):
@@ -125,38 +202,16 @@ class ProximityGraphSampler(WalkSampler):
         elif self.neighbors >= n:
             raise ValueError(f"neighbors={neighbors} must be smaller than N={n}")
         self.group_size = group_size
-
-    @property
-    def exact_build(self) -> bool:
-        """Whether a build is the exact (quadratic) kNN graph (the refresh cost advice)."""
-        return self.graph_kind == "knn"
-
-    cheaper_build = "graph='proximity' (the approximate proximity graph) instead of the exact " \
-        "graph='knn'"
+        self.refresh_policy.builder = ProximityGraphBuilder(
+            self._plan_shape(), self.candidates, self.neighbors, graph, group_size,
+            device=self.device, precision=precision, progress=progress,
+            distributed=self.distributed)
 
     @property
     def graph(self) -> torch.Tensor | None:
         """The current neighbour table [N, K] (None before the first batch)."""
         structure = self.refresh_policy.structure
         return None if structure is None else torch.from_numpy(structure[0])
-
-    def build(self, x: torch.Tensor, step: int, group) -> tuple[np.ndarray, np.ndarray]:
-        """The neighbour table and row degrees of the graph of ``x`` (built on ``device``; only
-        the table becomes NumPy, for the walks' numba kernels)."""
-        seed = _rng.derive_seed(self.seed, step, 0x6A)
-        kw = {"device": self.device, "precision": self.precision}
-        if group is None and not self.distributed:
-            if self.graph_kind == "knn":
-                graph = knn_graph(x, self.neighbors, progress=self.progress, **kw)
-            else:
-                graph = proximity_graph(x, self.candidates, self.neighbors, seed,
-                                        group_size=self.group_size, progress=self.progress, **kw)
-        elif self.graph_kind == "knn":
-            graph = sharded_knn_graph(x, self.neighbors, group=group, **kw)
-        else:
-            graph = sharded_proximity_graph(x, self.candidates, self.neighbors, seed,
-                                            group_size=self.group_size, group=group, **kw)
-        return prepare_graph(graph, self.num_items)
 
     def restart_at(self, epoch: int, index: int) -> float:
         """Alpha for global plan batch ``index`` of ``epoch``.
@@ -187,14 +242,3 @@ class ProximityGraphSampler(WalkSampler):
                                      np.array([self.restart_at(self.epoch, index)]),
                                      np.array([seed], np.uint64), patience,
                                      None if start is None else np.array([start]))[0]
-
-    def save_structure(self, structure) -> dict:
-        """The neighbour table as a tensor (int32 below 2**31 items)."""
-        return {"graph": torch.from_numpy(structure[0].astype(
-            np.int32 if self.num_items < 2**31 else np.int64))}
-
-    def load_structure(self, state: dict):
-        """The graph saved by :meth:`save_structure`, or None."""
-        if "graph" not in state:
-            return None
-        return prepare_graph(np.asarray(state["graph"], np.int64), self.num_items)

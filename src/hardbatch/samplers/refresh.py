@@ -1,11 +1,12 @@
 """Refresh: when and how a sampler rebuilds its structure from an embedding source.
 
 One :class:`RefreshPolicy` serves every sampler that reads embeddings: the proximity-graph
-and kNN samplers (a graph or a snapshot, rebuilt every ``refresh_every`` steps) and GCBS (an
-order, rebuilt every epoch). What is built, drawn from and checkpointed is the business of a
-:class:`Builder` (for the built-in samplers: the sampler itself); the policy reads the source
-(once per build, as a torch tensor on the source's device, L2-normalised there with
-``normalize``) and decides when.
+and kNN samplers (a graph or a snapshot, rebuilt every ``refresh_every`` steps) and the
+partition samplers (an order, rebuilt every epoch). What is built and checkpointed is the
+business of a :class:`Builder`, an object of its own that the sampler composes and injects
+into its policy (the sampler draws its batches from what the builder built); the policy reads
+the source (once per build, as a torch tensor on the source's device, L2-normalised there with
+``normalize``), decides when, and times and logs every build.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ import math
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-import numpy as np
 import torch
 
 from .._logging import get_logger
 from .._validation import l2_normalize_rows
 from ..embeddings import EmbeddingBank, EmbeddingSource, read_embeddings, unwritten_bank_warning
+from ..keys.encode import DuplicateKeys
 
 Structure = object  # what a sampler draws batches from: a graph, a snapshot, an order
 _log = get_logger("samplers")
@@ -37,39 +39,76 @@ class RefreshCostWarning(UserWarning):
     """A sampler's structure rebuilds take more time than the training steps between them."""
 
 
+@dataclass(frozen=True)
+class PlanShape:
+    """What a :class:`Builder` knows of its sampler's plan (made by the sampler, once).
+
+    Attributes:
+        num_items: N.
+        batch_size: B', the plan's batch size (``world_size * batch_size`` with
+            ``global_batch``).
+        batches: plan batches per epoch.
+        drop: items an epoch leaves out (partition samplers with ``drop_last``), else 0.
+        seed: the sampler's base seed.
+        keys: the encoded ``duplicate_keys``, or None.
+
+    Example:
+        >>> import numpy as np
+        >>> import hardbatch as hb
+        >>> hb.GCBSSampler(np.eye(40, 8), 16, drop_last=True).builder.plan
+        PlanShape(num_items=40, batch_size=16, batches=2, drop=8, seed=0, keys=None)
+    """
+
+    num_items: int
+    batch_size: int
+    batches: int
+    drop: int
+    seed: int
+    keys: DuplicateKeys | None
+
+
 @runtime_checkable
 class Builder(Protocol):
-    """What an :class:`~hardbatch.samplers.EmbeddingSampler` draws its batches from (the
-    extension point of the embedding samplers; each built-in sampler is its own builder).
+    """What a :class:`RefreshPolicy` builds a sampler's structure with: an object of its own,
+    one per kind of structure, that the sampler composes and injects into its policy
+    (``sampler.refresh_policy.builder``; the built-in ones: the proximity sampler's
+    :class:`~hardbatch.samplers.proximity_sampler.ProximityGraphBuilder`, the kNN sampler's
+    :class:`~hardbatch.samplers.knn_sampler.SnapshotBuilder`, GCBS's
+    :class:`~hardbatch.samplers.gcbs_sampler.GCBSOrderBuilder`, the cluster sampler's
+    :class:`~hardbatch.samplers.cluster_sampler.ClusterBuilder` and the community sampler's
+    :class:`~hardbatch.samplers.community_sampler.CommunityBuilder`). The sampler draws its
+    batches from the structures built.
 
     * ``build(x, key, group)``: the structure from the embeddings read at refresh ``key`` (the
-      refresh step, or the epoch for GCBS): ``x`` is a float32 ``[N, d]`` tensor on the
-      source's device (unit rows with ``normalize``; a pair ``(x, y)`` with a paired source),
-      unchecked for NaN / inf (the build checks what it reads); ``group`` is the process group
-      of a distributed build, or None;
-    * ``draw(structure, index, seed, start)``: plan batch ``index`` of the epoch as an int64
-      array, drawn with stream ``seed`` from start node ``start`` (None: the walk state's next
-      one; the start is the batch's first item);
+      refresh step, or the epoch for partition samplers): ``x`` is a float32 ``[N, d]`` tensor
+      on the source's device (unit rows with ``normalize``; a pair ``(x, y)`` with a paired
+      source), unchecked for NaN / inf (the build checks what it reads); ``group`` is the
+      process group of a distributed build, or None;
     * ``save_structure(structure)`` / ``load_structure(state)``: the structure as a dict of
       tensors for checkpoints, and back (None when ``state`` holds none);
-    * optionally ``exact_build`` (whether a build is an exact, quadratic search) and
-      ``cheaper_build`` (the option that makes it cheaper): the cost advice of the policy's
-      warning when rebuilds dominate training. The policy times every build and logs one INFO
-      record per build (what, key, N, seconds) on the ``hardbatch.samplers`` logger.
+    * ``exact_build`` and ``cheaper_build``, its cost estimate: whether a build is an exact,
+      quadratic search, and the option that makes builds cheaper, the advice of the policy's
+      warning when rebuilds dominate training.
+
+    The policy times every build and logs one INFO record per build (what, key, N, seconds) on
+    the ``hardbatch.samplers`` logger.
 
     Example:
         >>> import numpy as np
         >>> import hardbatch as hb
         >>> from hardbatch.samplers import Builder
-        >>> sampler = hb.KNNBatchSampler(np.eye(40, 8), 4, refresh_every=None)
-        >>> isinstance(sampler, Builder)
-        True
+        >>> sampler = hb.KNNBatchSampler(np.eye(40, 8), 4, refresh_every=None, method="exact")
+        >>> builder = sampler.refresh_policy.builder
+        >>> isinstance(builder, Builder), type(builder).__name__, builder.exact_build
+        (True, 'SnapshotBuilder', True)
+        >>> builder.cheaper_build
+        "method='ivf' instead of the exact search"
     """
 
-    def build(self, x, key: int, group) -> Structure: ...
+    exact_build: bool
+    cheaper_build: str
 
-    def draw(self, structure: Structure, index: int, seed: int,
-             start: int | None) -> np.ndarray: ...
+    def build(self, x, key: int, group) -> Structure: ...
 
     def save_structure(self, structure: Structure) -> dict: ...
 
@@ -116,8 +155,11 @@ class RefreshPolicy:
 
     Args:
         source: the embedding source (an [N, d] array or tensor, an EmbeddingBank, a callable).
-        builder: the :class:`Builder` that builds, saves and loads the structure.
+        builder: the :class:`Builder` that builds, saves and loads the structure (None until
+            its sampler injects it, ``policy.builder = ...``, before the first build).
         num_items: N; every read must keep N rows.
+        name: what the build records and the cost warning name (the sampler's class; None:
+            the builder's).
         first: the construction-time read of a callable source (used by the first read), or None.
         paired: a second source read with the first (GCBS's ``paired``): builds get ``(x, y)``.
         normalize: L2-normalise the rows read (on the source's device; the result is a copy).
@@ -138,12 +180,13 @@ class RefreshPolicy:
         (4, 9)
     """
 
-    def __init__(self, source: EmbeddingSource, builder: Builder, num_items: int, *,
-                 first: torch.Tensor | None = None, paired: EmbeddingSource | None = None,
-                 normalize: bool = False, every: int | None, lag: int, background: bool,
-                 distributed: bool, process_group=None, per_epoch: bool = False,
-                 threaded: bool = False) -> None:
+    def __init__(self, source: EmbeddingSource, builder: Builder | None, num_items: int, *,
+                 name: str | None = None, first: torch.Tensor | None = None,
+                 paired: EmbeddingSource | None = None, normalize: bool = False,
+                 every: int | None, lag: int, background: bool, distributed: bool,
+                 process_group=None, per_epoch: bool = False, threaded: bool = False) -> None:
         self.source, self.builder, self.num_items = source, builder, num_items
+        self.name = name
         self._first, self.paired, self.normalize = first, paired, normalize
         self.every, self.lag, self.per_epoch = every, lag, per_epoch
         self.background, self.distributed = background, distributed
@@ -240,7 +283,7 @@ class RefreshPolicy:
         t0 = time.perf_counter()
         structure = self.builder.build(x, key, group)
         self.last_refresh_seconds = seconds = time.perf_counter() - t0
-        what = type(self.builder).__name__
+        what = self.name or type(self.builder).__name__
         _log.info("%s build (%s %s): N=%d, seconds=%.3f", what,
                   "epoch" if self.per_epoch else "refresh step", key, self.num_items, seconds,
                   extra={"build": what, "key": key, "n": self.num_items, "seconds": seconds})
@@ -259,7 +302,7 @@ class RefreshPolicy:
         if cost["warned"] or self.every is None:
             return
         builder, every = self.builder, self.every
-        exact = bool(getattr(builder, "exact_build", False))
+        exact = bool(builder.exact_build)
         if cost["builds"] == 1:
             if not (exact and every <= FEW_STEPS and seconds >= MIN_BUILD_S
                     and seconds / every >= MIN_STEP_COST_S):
@@ -277,9 +320,8 @@ class RefreshPolicy:
                      f"rest of the loop: building is about {share:.0%} of the run")
             suggest = every * min(1000, max(2, math.ceil(4 * past / max(training, 1e-3))))
         cost["warned"] = True
-        what = type(builder).__name__
-        cheaper = getattr(builder, "cheaper_build", None) or \
-            "a cheaper build (fewer candidates / neighbors, method='ivf')"
+        what = self.name or type(builder).__name__
+        cheaper = builder.cheaper_build
         steps = "an epoch" if self.per_epoch else f"refresh_every={every} steps"
         fix = "" if self.per_epoch else f"raise refresh_every (e.g. refresh_every={suggest}), "
         warnings.warn(

@@ -22,9 +22,11 @@ class WalkSampler(EmbeddingSampler):
     """An embedding sampler whose batches grow from start items on a structure rebuilt every
     ``refresh_every`` steps.
 
-    Subclasses implement the :class:`~hardbatch.samplers.refresh.Builder` protocol: ``build``
-    (the structure from the embeddings of refresh step s), ``draw`` (a batch from a start
-    item, marking its items in ``walk_state.seen``), ``save_structure``, ``load_structure``.
+    Subclasses implement ``draw(structure, index, seed, start)`` (a batch from a start item,
+    marking its items in ``walk_state.seen``) and inject the
+    :class:`~hardbatch.samplers.refresh.Builder` of their structure into the refresh policy
+    in their constructor (``self.refresh_policy.builder = ...``); the policy builds it from
+    the embeddings of every refresh step s.
 
     Args:
         embeddings: the source: an [N, d] tensor / array, an EmbeddingBank or a callable.
@@ -35,18 +37,23 @@ class WalkSampler(EmbeddingSampler):
     Example:
         >>> import numpy as np, torch
         >>> from hardbatch.samplers import WalkSampler
-        >>> class ByFirstFeature(WalkSampler):  # a start item and those after it in x[:, 0]
+        >>> class OrderBuilder:  # the items in the order of x[:, 0]
+        ...     exact_build, cheaper_build = False, "a smaller N"
         ...     def build(self, x, key, group):
         ...         return torch.argsort(x[:, 0]).numpy()
+        ...     def save_structure(self, order):
+        ...         return {"order": torch.from_numpy(order)}
+        ...     def load_structure(self, state):
+        ...         return state["order"].numpy() if "order" in state else None
+        >>> class ByFirstFeature(WalkSampler):  # a start item and those after it in the order
+        ...     def __init__(self, embeddings, batch_size, **options):
+        ...         super().__init__(embeddings, batch_size, **options)
+        ...         self.refresh_policy.builder = OrderBuilder()
         ...     def draw(self, order, index, seed, start):
         ...         start = self.walk_state.next_start(seed) if start is None else start
         ...         batch = np.roll(order, -np.argmax(order == start))[:self.plan_batch_size]
         ...         self.walk_state.seen[batch] = 1
         ...         return batch
-        ...     def save_structure(self, order):
-        ...         return {"order": torch.from_numpy(order)}
-        ...     def load_structure(self, state):
-        ...         return state["order"].numpy() if "order" in state else None
         >>> sampler = ByFirstFeature(np.random.default_rng(0).random((40, 8)), 8, normalize=False)
         >>> [len(set(b)) for b in sampler], sampler.refreshes
         ([8, 8, 8, 8, 8], 1)
@@ -60,6 +67,11 @@ class WalkSampler(EmbeddingSampler):
         super().__init__(embeddings, batch_size, every=refresh_every, **options)
         self.walk_state: WalkState | None = None  # the epoch's start nodes and seen items
         self._step_starts: list[int] = []
+
+    def draw(self, structure, index: int, seed: int, start: int | None) -> np.ndarray:
+        """Plan batch ``index`` of the epoch, grown with stream ``seed`` from ``start`` (None:
+        the walk state's next start) on the structure in use."""
+        raise NotImplementedError
 
     def _schedule(self, every: int | None, lag: int) -> int | None:
         every = None if every is None else check_int(every, "refresh_every", low=1)

@@ -52,9 +52,9 @@ def test_skipped_top_ranks_never_share_a_batch(emb, skip, window):
 @pytest.mark.parametrize("k", [1, 4])
 def test_communities_are_balanced_and_batches_hold_about_k(emb, k):
     sampler = hb.CommunityBatchSampler(emb, 64, k, skip=0, window=16, seed=2,  # no separation
-                                       cell_batches=2)  # the local build (opt-in)
+                                       cells=hb.CommunityCells(batches=2))  # opt-in local
     batches = list(sampler)
-    labels, cells = sampler.groups[0], sampler.cells
+    labels, cells = sampler.groups[0], sampler.cell_labels
     sizes = np.bincount(labels, minlength=sampler.parts)
     assert sampler.parts == round(1000 * k / 64) == len(sizes)
     assert len(np.unique(cells)) == round(1000 / (2 * 64))  # cells of about 2 batches
@@ -69,9 +69,10 @@ def test_communities_are_balanced_and_batches_hold_about_k(emb, k):
 
 def test_one_metis_run_without_cells(emb):
     sampler = hb.CommunityBatchSampler(emb, 64, skip=2, window=10, seed=2)
-    assert sampler.cell_batches == 0  # the default, B3's: one METIS run over the whole graph
+    assert sampler.cells == hb.CommunityCells()  # the default, B3's: one METIS run over it all
     batches = list(sampler)
-    assert sampler.cells is None and sorted(i for b in batches for i in b) == list(range(1000))
+    assert sampler.cell_labels is None
+    assert sorted(i for b in batches for i in b) == list(range(1000))
     assert len(np.unique(sampler.groups[0])) == sampler.parts == 62
 
 

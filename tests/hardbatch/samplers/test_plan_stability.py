@@ -27,7 +27,7 @@ def noisy(x: np.ndarray, eps: float, seed: int) -> np.ndarray:
 
 
 def plan(name: str, x: np.ndarray, cell_batches: int | None = None) -> list[list[int]]:
-    extra = {} if cell_batches is None else {"cell_batches": cell_batches}
+    extra = {} if cell_batches is None else {"cells": hb.CommunityCells(batches=cell_batches)}
     sampler = hb.registry.make_sampler(name, x, B, seed=0, **extra)
     return [list(map(int, b)) for b in sampler]
 

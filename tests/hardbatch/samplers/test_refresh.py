@@ -1,6 +1,7 @@
 """RefreshPolicy: the schedule (every t steps, every epoch), pipelined and background builds,
 the next-build slot across checkpoints and pickling; one policy for the graph, kNN and GCBS,
-each sampler its builder; the source read once per build, as torch, normalised once."""
+each sampler injecting a builder of its own; the source read once per build, as torch,
+normalised once."""
 
 import math
 import pickle
@@ -20,11 +21,10 @@ from hardbatch.samplers.refresh import RefreshPolicy
 class KeyBuilder:
     """A builder whose 'structure' is the key it was built for."""
 
+    exact_build, cheaper_build = False, "nothing cheaper"
+
     def build(self, x, key, group):
         return key
-
-    def draw(self, structure, index, seed, start):
-        return np.array([structure])
 
     def save_structure(self, structure):
         return {"key": structure}
@@ -86,10 +86,15 @@ def test_epoch_schedule_snapshots_lag_steps_before_the_epoch_ends():
 
 
 def test_one_policy_serves_the_graph_knn_and_gcbs_samplers(emb):
-    for kind in ("proximity", "knn", "knn_graph", "gcbs"):
+    builders = {"proximity": "ProximityGraphBuilder", "knn": "SnapshotBuilder",
+                "knn_graph": "ProximityGraphBuilder", "gcbs": "GCBSOrderBuilder"}
+    for kind, builder in builders.items():
         sampler = make(kind, emb)
         assert type(sampler.refresh_policy) is RefreshPolicy
-        assert sampler.refresh_policy.builder is sampler and isinstance(sampler, Builder)
+        assert type(sampler.builder).__name__ == builder  # an object of its own, injected
+        assert sampler.refresh_policy.builder is sampler.builder
+        assert isinstance(sampler.builder, Builder) and not isinstance(sampler, Builder)
+        assert sampler.builder.exact_build == (kind == "knn_graph")
 
 
 @pytest.mark.parametrize("normalize", [True, False])
@@ -202,13 +207,13 @@ def test_background_equals_synchronous_pipelined_refresh(base, graph):
 def test_pipelined_refresh_uses_the_snapshot_of_the_refresh_step(base):
     sampler = live_graph(False, 3)
     built = {}
-    original = sampler.build
+    original = sampler.builder.build
 
     def spy(x, global_step, group):
         built[global_step] = x.clone()
         return original(x, global_step, group)
 
-    sampler.build = spy
+    sampler.builder.build = spy
     bank = sampler.source
     for step, _ in enumerate(run(sampler, base, epochs=1, stop_after=9)):
         pass
@@ -221,13 +226,13 @@ def test_pipelined_refresh_uses_the_snapshot_of_the_refresh_step(base):
 def test_background_build_runs_in_a_worker_thread(base):
     sampler = live_graph(True, 1)
     threads = []
-    original = sampler.build
+    original = sampler.builder.build
 
     def spy(x, step, group):
         threads.append(threading.current_thread().name)
         return original(x, step, group)
 
-    sampler.build = spy
+    sampler.builder.build = spy
     run(sampler, base, epochs=1)
     assert threads[0] == threading.current_thread().name  # step 0: nothing to overlap with
     assert all(name.startswith("hardbatch-refresh") for name in threads[1:]) and len(threads) > 3
@@ -280,7 +285,7 @@ def test_gcbs_next_is_built_from_the_snapshot_lag_steps_before_the_end(base):
     sampler = live_gcbs(True, 4)
     snapshots, builders = [], {}
     policy_ = sampler.refresh_policy
-    read, build = policy_.read, sampler.build
+    read, build = policy_.read, sampler.builder.build
 
     def spy_read(copy, **kw):
         snapshots.append((sampler.source.step, copy))
@@ -290,7 +295,7 @@ def test_gcbs_next_is_built_from_the_snapshot_lag_steps_before_the_end(base):
         builders[epoch] = threading.current_thread().name
         return build(xy, epoch, group)
 
-    policy_.read, sampler.build = spy_read, spy_build
+    policy_.read, sampler.builder.build = spy_read, spy_build
     run(sampler, base, epochs=2)
     # epoch 2's order (not iterated) is built by now: a checkpoint waits for it
     assert sampler.state_dict()["generator"]["next_epoch"] == 2

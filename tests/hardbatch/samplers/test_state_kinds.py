@@ -163,13 +163,13 @@ def test_worked_example_of_the_docs(kind):
 # -- refreshes that dominate training ----------------------------------------------------------
 
 def slowed(sampler, seconds):
-    build = sampler.build
+    build = sampler.builder.build
 
     def slow_build(*args):
         time.sleep(seconds)
         return build(*args)
 
-    sampler.build = slow_build
+    sampler.builder.build = slow_build
     return sampler
 
 
