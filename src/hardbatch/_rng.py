@@ -32,13 +32,22 @@ def derive_seed(*parts: int) -> int:
 
 
 @njit(inline="always", cache=True)
-def next_u64(state: np.ndarray) -> np.uint64:
-    """Advance ``state[0]`` and return 64 random bits."""
-    state[0] = state[0] + _GOLDEN
-    z = state[0]
+def mix64(z: np.uint64) -> np.uint64:
+    """SplitMix64's output bijection: the 64 random bits of state value ``z``.
+
+    Draw i (1-based) of a stream started at state s is ``mix64(s + i * 0x9E3779B97F4A7C15)``
+    (mod 2**64), so a kernel may compute draws out of order, without a state array.
+    """
     z = (z ^ (z >> np.uint64(30))) * _MIX1
     z = (z ^ (z >> np.uint64(27))) * _MIX2
     return z ^ (z >> np.uint64(31))
+
+
+@njit(inline="always", cache=True)
+def next_u64(state: np.ndarray) -> np.uint64:
+    """Advance ``state[0]`` and return 64 random bits."""
+    state[0] = state[0] + _GOLDEN
+    return mix64(state[0])
 
 
 @njit(inline="always", cache=True)

@@ -121,7 +121,7 @@ def embedding_tensor(x, name: str = "embeddings", *, finite: bool = True) -> tor
     if x.is_complex() or x.dtype == torch.bool:
         raise ValueError(f"{name} must hold numbers, got dtype {x.dtype}")
     x = x.detach().to(torch.float32).contiguous()
-    if finite and not bool(torch.isfinite(x).all()):
+    if finite and not bool(torch.isfinite(torch.stack(torch.aminmax(x))).all()):  # one pass
         row = int((~torch.isfinite(x).all(dim=1)).nonzero()[0, 0])
         raise ValueError(f"{name} contains NaN or inf (first at row {row}); check the encoder "
                          "output (e.g. a diverged loss or fp16 overflow) before sampling")

@@ -41,11 +41,11 @@ from .exact_search import exact_neighbors
 from .index_search import index_knn_graph, resolve_knn_method
 from .proximity_graph import ProximityGraphLayout, proximity_graph, sharded_proximity_graph
 from .proximity_pools import (candidate_pools, check_graph_sizes, check_group_size,
-                              default_group_size, pool_design)
+                              default_group_size, pool_design, pool_members)
 
 __all__ = ["KNNGraphLayout", "ProximityGraphLayout", "candidate_pools", "check_graph_sizes",
            "check_group_size", "default_group_size", "knn_graph", "pool_design",
-           "proximity_graph", "sharded_knn_graph", "sharded_proximity_graph"]
+           "pool_members", "proximity_graph", "sharded_knn_graph", "sharded_proximity_graph"]
 
 _LOG = get_logger("neighbors")
 

@@ -4,8 +4,8 @@
 neighbours of item ``i`` by decreasing inner product (ties ordered as ``torch.topk`` orders them),
 never ``i`` itself. Nothing of size N x N (or N x M x d) is ever materialised: work runs over
 bounded blocks of groups. The candidate pools (groups of items sharing one pool, drawn from a
-balanced design) come from :mod:`hardbatch.neighbors.proximity_pools`; :mod:`hardbatch.neighbors.knn_graph` re-exports
-the public names of both modules.
+balanced design) come from :mod:`hardbatch.neighbors.proximity_pools`;
+:mod:`hardbatch.neighbors.knn_graph` re-exports the public names of both modules.
 
 Block layout (how the build runs)
 ---------------------------------
@@ -14,18 +14,21 @@ then one contiguous slice, and its pool is, but for the ~1/(2g) uniformly re-dra
 concatenation of M/g whole groups (``a + t_r``). A block of groups therefore gathers its
 candidates as whole groups of g*d floats (memory copies, not N*M random rows), patches the
 re-drawn slots, and runs one batched product [g, d] x [d, M] per group. On the CPU a compiled
-kernel then selects each row's top K (a sampled bound keeps ~1.7 K of the M values, a bucket
-sort orders them) and writes the neighbour ids straight into the table; worker threads share the
-blocks, each running its products single-threaded. On other devices ``torch.topk`` selects. Rows
-with tied values in their top K + 1 are re-selected by ``torch.topk``, so ties come out as there. The similarities are the same floats as those of a
-per-group gather, so the graph does not depend on the blocking.
+kernel (:mod:`hardbatch.neighbors._row_select`) then selects each row's top K (a sampled bound
+keeps ~1.8 K of the M values, a bucket sort orders them) and writes the neighbour ids straight
+into the table; worker threads share the blocks, each running its products single-threaded in
+its own buffers, and a CPU block is cache-sized (its gathered rows are multiplied, and its
+similarities selected, while still in the core's cache). On other devices ``torch.topk``
+selects. Rows with tied values in their top K + 1 (or a NaN similarity, from an overflowing
+product) are re-selected by ``torch.topk``, so ties come out as there. The similarities are
+the same floats as those of a per-group gather, so the graph does not depend on the blocking.
 
 Devices, precision, shards
 --------------------------
-As for every graph of :mod:`hardbatch.neighbors.knn_graph`. Specific to this build: the pools are drawn on
-the CPU by one seeded kernel whatever ``device`` is, so every device compares the same
-candidates; a block holds whole groups, bounded so that its similarities and its gathered
-candidate rows each stay under ~4M floats on the CPU (~64M on CUDA); the ranks of
+As for every graph of :mod:`hardbatch.neighbors.knn_graph`. Specific to this build: the pools
+are drawn on the CPU by one seeded kernel whatever ``device`` is, so every device compares the
+same candidates; a block holds whole groups, bounded so that its similarities and its gathered
+candidate rows each stay under ~128K floats on the CPU (~64M on CUDA); the ranks of
 :func:`sharded_proximity_graph` build contiguous ranges of blocks and reproduce the
 single-process graph; half precision (``precision="bf16" | "fp16"``) may change neighbours
 in near-ties.
@@ -33,119 +36,55 @@ in near-ties.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .._device import Precision, block_elements, check_precision, matmul_fp32, resolve_device
 from .._logging import NO_BAR, BuildLog, get_logger, progress_bar
-from .._sorted import insert_descending
 from .._validation import check_int, embedding_tensor
 from ..distributed import all_gather_rows, rank_share
-from .proximity_pools import check_graph_sizes, check_group_size, default_group_size, pool_design
+from ._row_select import top_rows
+from .proximity_pools import (check_graph_sizes, check_group_size, default_group_size,
+                              pool_design, pool_members)
 
 __all__ = ["ProximityGraphLayout", "proximity_graph", "sharded_proximity_graph"]
 
 _LOG = get_logger("neighbors")
 
 
-_SAMPLE = 64  # similarities per row sampled for the top-k bound
+CPU_BLOCK_FLOATS = 1 << 17  # gathered candidate floats (and similarities) of a CPU block
 
 
-@njit(cache=True, nogil=True)
-def _top_rows(sims, dest_rows, pools, g, k, out, tied):
-    """Top k of every row of ``sims`` [rows, M]: ``out[dest_rows[r]]`` = their pool ids.
+@intrinsic
+def _copy_rows(typingctx, dst, dst_row, src, src_row, rows):
+    """``dst`` rows ``[dst_row, dst_row + rows)`` = ``src`` rows ``[src_row, ...)``: one
+    ``memcpy`` (C-contiguous arrays of one dtype, rows of their last axis, of one width)."""
+    sig = types.void(dst, types.intp, src, types.intp, types.intp)
 
-    Row r belongs to pool ``r // g``; rows with ``dest_rows[r] < 0`` are skipped. Order: by
-    decreasing value. A bound from a strided sample of the row keeps about 1.7 k of its M
-    values (all of them when that keeps fewer than k); the kept ones are bucket-sorted by
-    value, and the buckets up to the k-th value are insertion-sorted. A row whose top k + 1
-    values hold two equal ones gets ``tied[r] = 1`` (its ties are ordered by position here;
-    the caller re-selects it with ``torch.topk``, whose tie order it must match).
-    """
-    m = sims.shape[1]
-    nb = 16
-    while nb < 2 * k:
-        nb *= 2
-    keep = np.empty(m, np.int32)
-    kval = np.empty(m, np.float32)
-    bucket = np.empty(m, np.int32)
-    spos = np.empty(m, np.int32)
-    sval = np.empty(m, np.float32)
-    count = np.empty(nb + 1, np.int32)
-    top = np.empty(_SAMPLE, np.float32)
-    sampled = m >= 4 * _SAMPLE and 4 * k <= m
-    step = max(1, m // _SAMPLE)
-    rank = min(_SAMPLE, (_SAMPLE * k * 3) // (2 * m) + 3)
-    for r in range(sims.shape[0]):
-        dest = dest_rows[r]
-        if dest < 0:
-            continue
-        s = sims[r]
-        c = 0
-        if sampled:  # bound: the rank-th largest of _SAMPLE strided values
-            nt = 0
-            for i in range(_SAMPLE):
-                v = s[i * step]
-                if nt < rank:
-                    j = nt
-                    nt += 1
-                elif v > top[rank - 1]:
-                    j = rank - 1
-                else:
-                    continue
-                while j > 0 and top[j - 1] < v:
-                    top[j] = top[j - 1]
-                    j -= 1
-                top[j] = v
-            bound = top[rank - 1]
-            for i in range(m):  # branch-free compaction
-                v = s[i]
-                keep[c] = i
-                kval[c] = v
-                c += v >= bound
-        if c < k:  # every value (small M, or a bound that kept too few)
-            for i in range(m):
-                keep[i] = i
-                kval[i] = s[i]
-            c = m
-        lo = kval[0]
-        hi = kval[0]
-        for i in range(c):
-            lo = min(lo, kval[i])
-            hi = max(hi, kval[i])
-        span = np.float64(hi) - np.float64(lo)
-        scale = (nb - 1) / span if span > 0 and span < np.inf else 0.0
-        count[:] = 0
-        for i in range(c):  # bucket: monotone in the value (0 holds the largest)
-            f = (np.float64(hi) - np.float64(kval[i])) * scale
-            b = min(nb - 1, int(f)) if f > 0 else 0
-            bucket[i] = b
-            count[b + 1] += 1
-        for b in range(nb):
-            count[b + 1] += count[b]
-        limit = c
-        for b in range(nb):  # the buckets holding the top k
-            if count[b + 1] >= k:
-                limit = count[b + 1]
-                break
-        for i in range(c):  # stable counting sort by bucket
-            b = bucket[i]
-            spos[count[b]] = keep[i]
-            sval[count[b]] = kval[i]
-            count[b] += 1
-        for i in range(1, limit):  # stable insertion sort (buckets are nearly sorted)
-            insert_descending(sval, spos, i, sval[i], spos[i])
-        grp = r // g
-        for j in range(k):
-            out[dest, j] = pools[grp, spos[j]]
-        for j in range(min(k, limit - 1)):
-            if sval[j] == sval[j + 1]:
-                tied[r] = 1
-                break
+    def codegen(context, builder, signature, args):
+        dstv, dst_rowv, srcv, src_rowv, rowsv = args
+        to = context.make_array(signature.args[0])(context, builder, dstv)
+        frm = context.make_array(signature.args[2])(context, builder, srcv)
+        width = builder.extract_value(frm.shape, signature.args[2].ndim - 1)
+        cgutils.raw_memcpy(builder, builder.gep(to.data, [builder.mul(dst_rowv, width)]),
+                           builder.gep(frm.data, [builder.mul(src_rowv, width)]),
+                           builder.mul(rowsv, width), context.get_abi_sizeof(
+                               context.get_data_type(signature.args[2].dtype)))
+        return context.get_dummy_value()
+
+    if all(isinstance(a, types.Array) and a.layout == "C" for a in (dst, src)) and \
+            dst.dtype == src.dtype:
+        return sig, codegen
+    return None
 
 
 @njit(cache=True, nogil=True)
@@ -153,26 +92,40 @@ def _gather_pools(grouped, emb, s, e, offsets, g, redrawn, pools, cand):
     """``cand[a - s]`` = the candidate rows of pool a, for the groups a in [s, e).
 
     ``grouped`` [G*g, d] holds the rows in group order, so the slots dealt in round r
-    are the g rows of group ``(a + offsets[r]) % G``; the ``redrawn`` slots (flat
-    positions ``a*M + slot``, those of [s, e) only) take their item's row of ``emb``.
+    are the g rows of group ``(a + offsets[r]) % G``: one copy of g*d contiguous values;
+    the ``redrawn`` slots (flat positions ``a*M + slot``, those of [s, e) only) then take
+    their item's row of ``emb``.
     """
     m = cand.shape[1]
     n_groups = grouped.shape[0] // g
-    rounds = offsets.shape[0]
-    src = np.empty(4, np.int64)
     for a in range(s, e):
-        for r0 in range(0, rounds, 4):  # 4 rounds at a time: 4 memory streams in flight
-            q = min(4, rounds - r0)
-            for t in range(q):
-                src[t] = ((a + offsets[r0 + t]) % n_groups) * g
-            for j in range(g):
-                for t in range(q):
-                    slot = (r0 + t) * g + j
-                    if slot < m:
-                        cand[a - s, slot] = grouped[src[t] + j]
+        for r in range(offsets.shape[0]):
+            partner = a + offsets[r]  # (a + t_r) mod G, t_r < G
+            partner = partner - n_groups if partner >= n_groups else partner
+            _copy_rows(cand, (a - s) * m + r * g, grouped, partner * g, min(g, m - r * g))
     for f in redrawn:
         a = f // m
         cand[a - s, f - a * m] = emb[pools[a, f - a * m]]
+
+
+def _populate(*tensors: torch.Tensor) -> None:
+    """Fault in the pages of fresh CPU tensors ahead of their first writes (Linux >= 5.14
+    ``MADV_POPULATE_WRITE``; contents unchanged, safe beside writers; elsewhere nothing), so
+    that the kernel clears them on a core that would otherwise wait."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        madvise = ctypes.CDLL(None).madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError, TypeError):
+        return
+    page = mmap.PAGESIZE
+    for t in tensors:
+        if t.device.type == "cpu":
+            start = -(-t.data_ptr() // page) * page
+            end = (t.data_ptr() + t.numel() * t.element_size()) // page * page
+            if end > start:
+                madvise(start, end - start, 23)  # MADV_POPULATE_WRITE; EINVAL if unknown
 
 
 class ProximityGraphLayout:
@@ -192,7 +145,7 @@ class ProximityGraphLayout:
 
     def __init__(self, embeddings, candidates: int, neighbors: int, seed: int,
                  group_size: int | None, device, precision: str) -> None:
-        x = embedding_tensor(embeddings)
+        x = embedding_tensor(embeddings, finite=False)
         self.candidates = check_int(candidates, "candidates", low=1)
         self.neighbors = check_int(neighbors, "neighbors", low=1)
         n = x.shape[0]
@@ -202,45 +155,82 @@ class ProximityGraphLayout:
         g = check_group_size(group_size, self.candidates, n)
         g = default_group_size(self.candidates, n) if g is None else g
         self.device = resolve_device(device)
+        self.compiled = self.device.type == "cpu"  # the compiled gather and top k (else torch's)
         self.dtype = check_precision(precision)
-        design = pool_design(n, self.candidates, g, seed)
+        members = pool_members(n, self.candidates, g, seed)
+        background = ThreadPoolExecutor(1)  # the pools are drawn while the caller goes on
+        self._design = background.submit(pool_design, n, self.candidates, g, seed,
+                                         members=members)
+        background.shutdown(wait=False)
+        self._drawn: dict[str, torch.Tensor] = {}
+        embedding_tensor(x)  # the NaN / inf check, meanwhile
         self.num_items = n
-        self.members = torch.from_numpy(design["members"])
-        self.pools = torch.from_numpy(design["pools"])
-        self.offsets = torch.from_numpy(design["offsets"])
-        self.redrawn = torch.from_numpy(design["redrawn"])
+        self.members = torch.from_numpy(members)
         self.n_groups, self.g = self.members.shape
-        self.width = self.offsets.numel() * self.g  # gathered slots per pool (M rounded up)
+        self.width = -(-self.candidates // self.g) * self.g  # gathered slots per pool
         # A block of groups holds blk*g*M similarities and blk*M gathered candidate rows of
         # d floats: bound both. Each group's product is its own (batched) matmul, so on CPU
         # the graph does not depend on the blocking (tested); on CUDA a batched product of
         # another batch count may pick another kernel (near-ties could then differ).
-        self.per_block = max(1, block_elements(self.device)
-                             // (self.width * max(self.g, x.shape[1])))
+        # On the CPU a block is also cache-sized (CPU_BLOCK_FLOATS): its gathered rows are
+        # still in the core's cache when multiplied, its similarities when selected.
+        budget = block_elements(self.device)
+        if self.device.type == "cpu":
+            budget = min(budget, CPU_BLOCK_FLOATS)
+        self.per_block = max(1, budget // (self.width * max(self.g, x.shape[1])))
         self.num_blocks = -(-self.n_groups // self.per_block)
         self.x = x
         self.block_bytes = 0  # largest block so far: similarities, gathered rows, top-k
 
-    def grouped(self) -> torch.Tensor:
-        """The embeddings in group order on ``device`` ([G*g, d]; zero rows pad the last group)."""
+    def _drawn_pools(self) -> dict[str, torch.Tensor]:
+        """``pools``, ``offsets`` and ``redrawn`` of :func:`pool_design`, waited for once."""
+        if not self._drawn:
+            design = self._design.result()
+            self._drawn = {key: torch.from_numpy(design[key])
+                           for key in ("pools", "offsets", "redrawn")}
+        return self._drawn
+
+    pools = property(lambda self: self._drawn_pools()["pools"],
+                     doc="Candidate pools [G, M] (int32; int64 if N >= 2**31).")
+    offsets = property(lambda self: self._drawn_pools()["offsets"],
+                       doc="Group offsets t_r of the rounds, int64 [R].")
+    redrawn = property(lambda self: self._drawn_pools()["redrawn"],
+                       doc="Flat positions a*M + slot of the uniformly drawn slots.")
+
+    def grouped(self, pool: ThreadPoolExecutor | None = None, parts: int = 1,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        """The embeddings in group order on ``device`` ([G*g, d]; zero rows pad the last group),
+        copied in ``parts`` slices of rows by the threads of ``pool`` (into ``out`` if given)."""
         n, d = self.x.shape
-        out = torch.empty((self.members.numel(), d), dtype=self.dtype, device=self.device)
+        if out is None:
+            out = torch.empty((self.members.numel(), d), dtype=self.dtype, device=self.device)
         out[n:] = 0
         order = self.members.reshape(-1)[:n].to(self.device)  # the padding is at the end
-        if self.x.dtype == self.dtype:
-            torch.index_select(self.x.to(self.device), 0, order, out=out[:n])
+        src = self.x.to(self.device)
+
+        def copy(lo: int, hi: int) -> None:
+            if src.dtype == self.dtype:
+                torch.index_select(src, 0, order[lo:hi], out=out[lo:hi])
+            else:
+                out[lo:hi] = torch.index_select(src, 0, order[lo:hi])
+
+        cuts = [n * i // parts for i in range(parts + 1)]
+        if pool is None:
+            copy(0, n)
         else:
-            out[:n] = torch.index_select(self.x.to(self.device), 0, order)
+            for job in [pool.submit(copy, lo, hi) for lo, hi in zip(cuts, cuts[1:])]:
+                job.result()
         return out
 
     def rows(self, block_start: int, block_end: int, out: torch.Tensor | None = None,
              bar=NO_BAR) -> torch.Tensor:
-        """Neighbour rows [n_items, K] (CPU int64) of the items of blocks [start, end), in group order.
+        """Neighbour rows [n_items, K] (CPU int64) of the items of blocks [start, end), in
+        group order.
 
         With ``out`` ([N, K]) the rows are written into it in place (no second copy)
         and ``out`` is returned. ``bar.update(1)`` after each block. On the CPU, blocks
         are shared by ``torch.get_num_threads()`` worker threads, each running its
-        blocks' products single-threaded (no fine-grained synchronisation).
+        blocks' products single-threaded in its own buffers (no fine-grained synchronisation).
         """
         g, k = self.g, self.neighbors
         flat = self.members.reshape(-1)
@@ -252,87 +242,115 @@ class ProximityGraphLayout:
             table = torch.empty((int((span >= 0).sum()), k), dtype=torch.int64)
         else:
             s0, dest, table = 0, flat, out
-        ctx = (self.x.to(self.device, self.dtype), self.grouped(), dest, s0, table)
         blocks = iter(range(block_start, block_end))
         default = torch.get_num_threads()
         threads = max(1, min(default, block_end - block_start)) if self.device.type == "cpu" else 1
+        emb = self.x.to(self.device, self.dtype)
+        buffer = torch.empty((self.members.numel(), emb.shape[1]), dtype=self.dtype,
+                             device=self.device)
+        filler = threading.Thread(target=_populate, args=(buffer, table), daemon=True)
+        filler.start()  # while the pools are drawn, on the other core
+        self._drawn_pools()
         if threads == 1:
-            bufs = {}
+            run = self._worker(emb, self.grouped(out=buffer), dest, s0, table, threads)
             for b in blocks:
-                self._block(b, *ctx, bufs)
+                run(b)
                 bar.update(1)
+            filler.join()
             return table
         lock = threading.Lock()
 
-        def work():
+        def work(grouped):
             torch.set_num_threads(1)  # this thread's products (OpenMP/MKL: thread-local)
-            bufs = {}
+            run = self._worker(emb, grouped, dest, s0, table, threads)
             while True:
                 with lock:
                     b = next(blocks, None)
                 if b is None:
                     return
-                self._block(b, *ctx, bufs)
+                run(b)
                 bar.update(1)
 
         try:
             with ThreadPoolExecutor(threads) as pool:
-                for job in [pool.submit(work) for _ in range(threads)]:
+                grouped = self.grouped(pool, threads, buffer)
+                for job in [pool.submit(work, grouped) for _ in range(threads)]:
                     job.result()
         finally:
             torch.set_num_threads(default)  # the default for threads started later
+        filler.join()
         return table
 
-    def _gather(self, s: int, e: int, emb, grouped, bufs: dict) -> torch.Tensor:
-        """Candidate embeddings [e - s, M, d] of groups [s, e): whole partner groups, then the
-        re-drawn slots' own rows (CPU: one compiled copy into a reused buffer)."""
+    def _worker(self, emb, grouped, dest, s0: int, table, threads: int):
+        """``run(b)``: the rows of block b into ``table[dest[row]]`` (gather, product, top k),
+        in buffers of the calling thread."""
+        m, k, g = self.candidates, self.neighbors, self.g
+        per, d = self.per_block, grouped.shape[1]
+        pools = self.pools.numpy()
+        cuts = np.searchsorted(self.redrawn.numpy(), np.arange(self.n_groups + 1) * m)
+        queries = grouped.view(self.n_groups, g, d)
+        if not self.compiled:
+            def run_device(b: int) -> None:
+                s, e = b * per, min(self.n_groups, b * per + per)
+                cand = self._gather_device(s, e, emb, grouped, cuts)
+                sims = matmul_fp32(queries[s:e], cand.transpose(1, 2)).view(-1, m)
+                rows_dest = dest[s * g - s0:e * g - s0]
+                self._retop(sims, torch.nonzero(rows_dest >= 0).squeeze(1), rows_dest, s, e,
+                            table)
+                self.block_bytes = max(self.block_bytes, sims.nbytes + cand.nbytes)
+            return run_device
+        ints = torch.int32 if grouped.element_size() == 4 else torch.int16
+        cand = torch.empty((per, m, d), dtype=grouped.dtype)
+        sims = torch.empty((per, g, m))
+        tied = np.zeros(per * g, np.uint8)
+        self.block_bytes = max(self.block_bytes, threads * (cand.nbytes + sims.nbytes))
+        arrays = (grouped.view(ints).numpy(), emb.view(ints).numpy(), self.offsets.numpy(),
+                  self.redrawn.numpy(), cand.view(ints).numpy())
+        cand_t, dest_np, table_np = cand.transpose(1, 2), dest.numpy(), table.numpy()
+        flat_sims = sims.view(-1, m).numpy()
+        fp32 = grouped.dtype == torch.float32
+
+        def run(b: int) -> None:
+            s, e = b * per, min(self.n_groups, b * per + per)
+            gi, ei, offsets, redrawn, ci = arrays
+            _gather_pools(gi, ei, s, e, offsets, g, redrawn[cuts[s]:cuts[e]], pools, ci)
+            if fp32 and e - s == per:  # the same product as matmul_fp32, into this thread's buffer
+                torch.bmm(queries[s:e], cand_t, out=sims)
+                block = flat_sims
+            elif fp32:
+                block = torch.bmm(queries[s:e], cand_t[:e - s], out=sims[:e - s]).view(-1, m)
+            else:
+                block = matmul_fp32(queries[s:e], cand_t[:e - s]).view(-1, m)
+            if top_rows(np.asarray(block)[:(e - s) * g], dest_np[s * g - s0:e * g - s0],
+                        pools[s:e], g, k, table_np, tied):
+                rows = torch.from_numpy(np.flatnonzero(tied[:(e - s) * g]))  # ties: torch.topk
+                self._retop(torch.as_tensor(block), rows, dest[s * g - s0:e * g - s0], s, e,
+                            table)
+        return run
+
+    def _retop(self, sims, rows, rows_dest, s: int, e: int, table) -> None:
+        """``torch.topk`` of the given rows of a block's similarities into the table."""
+        if len(rows):
+            dev = sims.device
+            top = sims[rows.to(dev)].topk(self.neighbors, dim=1, sorted=True).indices
+            pools = self.pools[s:e].to(dev, torch.int64)
+            ids = torch.gather(pools[(rows // self.g).to(dev)], 1, top)
+            table[rows_dest[rows]] = ids.cpu()
+
+    def _gather_device(self, s: int, e: int, emb, grouped, cuts) -> torch.Tensor:
+        """Candidate embeddings [e - s, M, d] of groups [s, e) on a device other than the CPU:
+        whole partner groups, then the re-drawn slots' own rows."""
         m, dev = self.candidates, self.device
-        lo, hi = np.searchsorted(self.redrawn.numpy(), [s * m, e * m])
-        if dev.type == "cpu":
-            shape = (self.per_block, m, grouped.shape[1])
-            if "cand" not in bufs:
-                bufs["cand"] = torch.empty(shape, dtype=grouped.dtype)
-            cand = bufs["cand"][:e - s]
-            ints = torch.int32 if grouped.element_size() == 4 else torch.int16
-            _gather_pools(grouped.view(ints).numpy(), emb.view(ints).numpy(), s, e,
-                          self.offsets.numpy(), self.g, self.redrawn[lo:hi].numpy(),
-                          self.pools.numpy(), cand.view(ints).numpy())
-            return cand
         partners = (torch.arange(s, e)[:, None] + self.offsets) % self.n_groups
         cand = torch.index_select(grouped.view(self.n_groups, -1), 0,
                                   partners.reshape(-1).to(dev)).view(e - s, self.width, -1)
         if self.width != m:
             cand = cand[:, :m].contiguous()
-        if hi > lo:  # slots filled by a uniform draw: their own rows
-            flat = self.redrawn[lo:hi]
+        if cuts[e] > cuts[s]:  # slots filled by a uniform draw: their own rows
+            flat = self.redrawn[cuts[s]:cuts[e]]
             slot = (flat // m - s).to(dev), (flat % m).to(dev)
             cand[slot] = emb[self.pools.reshape(-1)[flat].to(dev, torch.int64)]
         return cand
-
-    def _block(self, b: int, emb, grouped, dest, s0: int, table, bufs: dict) -> None:
-        """Rows of block b into ``table[dest[row]]``: gather, product, top k."""
-        m, k, g, dev = self.candidates, self.neighbors, self.g, self.device
-        s = b * self.per_block
-        e = min(self.n_groups, s + self.per_block)
-        blk = e - s
-        pools = self.pools[s:e]
-        cand = self._gather(s, e, emb, grouped, bufs)
-        sims = matmul_fp32(grouped[s * g:e * g].view(blk, g, -1), cand.transpose(1, 2))
-        sims = sims.view(blk * g, m)
-        rows_dest = dest[s * g - s0:e * g - s0]
-        nbytes = sims.nbytes + cand.nbytes
-        if dev.type == "cpu":  # compiled selection; rows with ties: torch.topk's order below
-            tied = np.zeros(blk * g, np.uint8)
-            _top_rows(sims.numpy(), rows_dest.numpy(), pools.numpy(), g, k, table.numpy(), tied)
-            rows = torch.from_numpy(np.flatnonzero(tied))
-        else:
-            rows = torch.nonzero(rows_dest >= 0).squeeze(1)
-        if len(rows):
-            top = sims[rows.to(dev)].topk(k, dim=1, sorted=True).indices
-            ids = torch.gather(pools.to(dev, torch.int64)[(rows // g).to(dev)], 1, top)
-            table[rows_dest[rows]] = ids.cpu()
-            nbytes += top.nbytes + ids.nbytes
-        self.block_bytes = max(self.block_bytes, nbytes)
 
     def assemble(self, rows: torch.Tensor) -> torch.Tensor:
         """Scatter rows of all blocks, in group order, into the [N, K] table."""
@@ -368,10 +386,11 @@ def proximity_graph(embeddings: torch.Tensor | np.ndarray, candidates: int = 100
     Returns:
         int64 CPU tensor [N, K]; row i holds i's neighbours by decreasing similarity.
 
-    Logs one INFO record on ``hardbatch.neighbors.knn_graph`` (N, d, method, seconds, peak extra memory).
+    Logs one INFO record on ``hardbatch.neighbors.knn_graph`` (N, d, method, seconds, peak
+    extra memory).
     Memory: O(N*K) output, O(N*M/g) pool ids (int32), the embeddings in group order on
-    ``device`` (N*d in the chosen precision) and one block of at most about 4M (CPU) or 64M
-    (CUDA) similarities and as many floats of gathered candidate embeddings.
+    ``device`` (N*d in the chosen precision) and one block per CPU thread of at most about
+    128K similarities (64M on CUDA) and as many floats of gathered candidate embeddings.
 
     Example:
         >>> import torch

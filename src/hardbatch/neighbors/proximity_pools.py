@@ -1,7 +1,7 @@
 """Candidate pools of the proximity graph (BatchSampler eq. 3): which items each item compares with.
 
-:func:`hardbatch.neighbors.proximity_graph.proximity_graph` builds the graph from these pools; every public name
-here is re-exported by :mod:`hardbatch.neighbors.knn_graph`.
+:func:`hardbatch.neighbors.proximity_graph.proximity_graph` builds the graph from these pools;
+every public name here is re-exported by :mod:`hardbatch.neighbors.knn_graph`.
 
 Candidate pools
 ---------------
@@ -42,11 +42,11 @@ import numpy as np
 from numba import njit
 
 from .. import _rng
-from .._rng import rand_below, rand_unit
+from .._rng import mix64, next_u64, rand_below
 from .._validation import check_int
 
 __all__ = ["candidate_pools", "check_graph_sizes", "check_group_size", "default_group_size",
-           "pool_design"]
+           "pool_design", "pool_members"]
 
 
 def default_group_size(candidates: int, num_items: int) -> int:
@@ -76,6 +76,17 @@ def check_group_size(group_size, candidates: int, num_items: int) -> int | None:
     return check_int(group_size, "group_size", low=1, high=max(1, num_items - candidates))
 
 
+@njit(inline="always", cache=True)
+def _taken(c, members, row) -> bool:
+    """Whether item ``c`` is one of ``members`` or already in the pool ``row`` (one pass)."""
+    hit = False
+    for t in range(members.shape[0]):
+        hit |= members[t] == c
+    for t in range(row.shape[0]):
+        hit |= row[t] == c
+    return hit
+
+
 @njit(cache=True, nogil=True)
 def _balanced_pools(order, m, g, p_uniform, seed, pools, offsets_out):
     """Fill ``pools`` [G, m]: group a = block a of ``order``; pool a = blocks a + t_r (mod G).
@@ -84,8 +95,12 @@ def _balanced_pools(order, m, g, p_uniform, seed, pools, offsets_out):
     exactly one pool per round and no pool repeats an item or holds a member
     of its own group. Each slot is then replaced by a uniform draw with
     probability ``p_uniform``; draws that repeat an item of the pool or hit a
-    group member are re-drawn. ``offsets_out`` [R] receives t_r, ``redrawn``
-    [G, m] marks (1) the slots filled by a uniform draw.
+    group member are re-drawn. ``offsets_out`` [R] receives t_r; returns the flat
+    positions ``a*m + slot`` of the slots filled by a uniform draw.
+
+    One stream of draws, in this order: the offsets, one draw per dealt slot (group,
+    round, slot), then the re-draws. The stream is counter-based (draw i is a function
+    of i), so the dealt slots' draws are computed where they are needed.
     """
     n = order.shape[0]
     n_groups = pools.shape[0]
@@ -99,44 +114,66 @@ def _balanced_pools(order, m, g, p_uniform, seed, pools, offsets_out):
         offsets[i] = offsets[j]
         offsets[j] = tmp
     offsets_out[:] = offsets[:n_rounds]
-    n_redrawn = 0
+    s0, step = state[0], np.zeros(1, np.uint64)
+    next_u64(step)
+    step = step[0]  # draw i (1-based) of the stream: mix64(s0 + i * step)
+    draws = np.uint64(0)
+    below = np.uint64(np.ceil(p_uniform * 9007199254740992.0))  # as rand_unit(...) < p
+    short = np.zeros(n_groups, np.int64)  # slots of each pool left to a uniform draw
     for a in range(n_groups):
         for r in range(n_rounds):
-            src = ((a + offsets[r]) % n_groups) * g
-            for j in range(min(g, m - r * g)):
-                if src + j < n and not (p_uniform > 0.0 and rand_unit(state) < p_uniform):
-                    pools[a, r * g + j] = order[src + j]
-                else:
-                    pools[a, r * g + j] = -1
-                    n_redrawn += 1
-    redrawn = np.empty(n_redrawn, np.int64)
+            src = a + offsets[r]  # the partner group (a + t_r) mod G
+            src = (src - n_groups if src >= n_groups else src) * g
+            base = r * g
+            width = min(g, m - base)
+            valid = max(0, min(width, n - src))  # the padded last group deals fewer
+            if p_uniform > 0.0:
+                first = s0 + draws * step
+                lost = 0
+                for j in range(valid):  # independent draws: a vectorised loop
+                    dealt = (mix64(first + np.uint64(j + 1) * step) >> np.uint64(11)) >= below
+                    pools[a, base + j] = order[src + j] if dealt else -1
+                    lost += not dealt
+                short[a] += lost
+                draws += np.uint64(valid)
+            else:
+                pools[a, base:base + valid] = order[src:src + valid]
+            pools[a, base + valid:base + width] = -1
+            short[a] += width - valid
+    state[0] = s0 + draws * step
+    redrawn = np.empty(short.sum(), np.int64)
     n_redrawn = 0
     stamp = np.full(n, -1, np.int64)
     for a in range(n_groups):
-        for j in range(a * g, min(n, a * g + g)):
-            stamp[order[j]] = a
+        if short[a] == 0:
+            continue
+        members, row = order[a * g:min(n, a * g + g)], pools[a]
+        stamped = short[a] > 32  # many draws: mark the group's items; few: scan them per draw
+        if stamped:
+            for j in range(members.shape[0]):
+                stamp[members[j]] = a
+            for j in range(m):
+                if row[j] >= 0:
+                    stamp[row[j]] = a
         for j in range(m):
-            if pools[a, j] >= 0:
-                stamp[pools[a, j]] = a
-        for j in range(m):
-            if pools[a, j] >= 0:
+            if row[j] >= 0:
                 continue
             redrawn[n_redrawn] = a * m + j
             n_redrawn += 1
             v = -1
             for _ in range(64):
                 c = rand_below(state, n)
-                if stamp[c] != a:
+                if not (stamp[c] == a if stamped else _taken(c, members, row)):
                     v = c
                     break
             if v < 0:
                 off = rand_below(state, n)
                 for i in range(n):
                     c = (off + i) % n
-                    if stamp[c] != a:
+                    if not (stamp[c] == a if stamped else _taken(c, members, row)):
                         v = c
                         break
-            pools[a, j] = v
+            row[j] = v
             stamp[v] = a
     return redrawn
 
@@ -155,9 +192,31 @@ def _uniform_share(n: int, m: int, g: int) -> float:
     return float(1.0 - np.sqrt(1.0 - ratio))
 
 
-def pool_design(num_items: int, candidates: int, group_size: int, seed: int = 0) -> dict:
+def pool_members(num_items: int, candidates: int, group_size: int, seed: int = 0) -> np.ndarray:
+    """The groups of :func:`pool_design`: the items in a seeded random order, cut into groups
+    of ``group_size`` (int64 [G, g]; -1 pads the last group; g = 1 when there are too few
+    groups for M/g distinct offsets). Cheap next to the pools drawn from them.
+
+    Example:
+        >>> from hardbatch.neighbors.knn_graph import pool_members
+        >>> pool_members(40, 20, 4, seed=0).shape, pool_members(40, 35, 20, seed=0).shape
+        ((10, 4), (40, 1))
+    """
+    n, g = num_items, group_size
+    n_groups = -(-n // g)
+    if -(-candidates // g) > n_groups - 1:
+        g = 1  # too few groups for distinct offsets: independent pools
+        n_groups = n
+    members = np.full(n_groups * g, -1, np.int64)
+    members[:n] = _rng.permutation(n, _rng.derive_seed(seed, 0x6709))
+    return members.reshape(n_groups, g)
+
+
+def pool_design(num_items: int, candidates: int, group_size: int, seed: int = 0, *,
+                members: np.ndarray | None = None) -> dict:
     """:func:`candidate_pools` with the design behind them (the block layout of the build).
 
+    ``members``: the groups of :func:`pool_members` for the same arguments, if already made.
     Returns a dict: ``members`` [G, g] and ``pools`` [G, M] as :func:`candidate_pools`;
     ``offsets`` int64 [R], the group offsets t_r of the rounds (slot ``r*g + j`` of pool a
     was dealt item ``members[(a + t_r) % G, j]``); ``redrawn`` int64, the flat positions
@@ -172,15 +231,11 @@ def pool_design(num_items: int, candidates: int, group_size: int, seed: int = 0)
         >>> bool((d["pools"][a, kept] == dealt[kept]).all())
         True
     """
-    n, g = num_items, group_size
-    n_groups = -(-n // g)
-    if -(-candidates // g) > n_groups - 1:
-        g = 1  # too few groups for distinct offsets: independent pools
-        n_groups = n
-    order = _rng.permutation(n, _rng.derive_seed(seed, 0x6709))
-    members = np.full(n_groups * g, -1, np.int64)
-    members[:n] = order
-    members = members.reshape(n_groups, g)
+    n = num_items
+    if members is None:
+        members = pool_members(n, candidates, group_size, seed)
+    n_groups, g = members.shape
+    order = members.reshape(-1)[:n]  # the padding is at the end
     pools = np.empty((n_groups, candidates), np.int32 if n < 2**31 else np.int64)
     offsets = np.empty(-(-candidates // g), np.int64)
     redrawn = _balanced_pools(order, candidates, g, _uniform_share(n, candidates, g),
