@@ -248,22 +248,26 @@ def quality(results: dict, b: int, cache: Path) -> None:
 
 def markdown(results: dict) -> str:
     lines = ["| data | N | d | sampler | build (s) | epoch (s) | components (s) | peak RSS (GB) | "
-             "embeddings (GB) | hardness | notes |", "|---" * 11 + "|"]
+             "embeddings (GB) | hardness | load before / after (1 min) | when (UTC) | notes |",
+             "|---" * 13 + "|"]
     quality_rows = results.get("quality", {})
     for key, r in results["runs"].items():
         kind, n, name = key.split(":")
         hard = quality_rows.get(f"{kind}:{n}", {}).get(name, {}).get("hardness")
         hard_s = "" if hard is None else f"{hard:.3f}"
         if "epoch_s" not in r:
-            lines.append(f"| {kind} | {int(n):,} | | {name} | - | - | - | - | - | | "
+            lines.append(f"| {kind} | {int(n):,} | | {name} | - | - | - | - | - | | | | "
                          f"{r.get('skipped') or r.get('failed')} |")
             continue
         parts = ", ".join(f"{k} {v['s']:.1f}" for k, v in r["parts"].items())
         notes = ", ".join(f"{k[8:]} {v}" for k, v in r.items() if k.startswith("sampler_")
                           and v is not None)
+        load = " / ".join(f"{r[k][0]:.1f}" if r.get(k) else "-"
+                          for k in ("loadavg_before", "loadavg_after"))
+        when = str(r.get("when", "")).replace(" UTC", "")[5:16]
         lines.append(f"| {kind} | {int(n):,} | {r['d']} | {name} | {r['build_s']:.1f} | "
                      f"{r['epoch_s']:.1f} | {parts} | {r['peak_rss_gb']:.2f} | "
-                     f"{r['embeddings_gb']:.2f} | {hard_s} | {notes} |")
+                     f"{r['embeddings_gb']:.2f} | {hard_s} | {load} | {when} | {notes} |")
     for key, q in quality_rows.items():
         lines.append(f"\n{key}: uniform hardness {q['uniform']:.3f}; " + "; ".join(
             f"{name}: in cell {e['in_cell']['top_ranks']:.3f} of the top {SKIP + WINDOW}, "
