@@ -34,7 +34,7 @@ import torch
 from scipy.sparse import csr_matrix
 
 from .. import _rng
-from .._validation import check_choice, check_int
+from .._validation import check_choice, check_int, l2_normalize_rows
 from ..neighbors.kmeans import check_kmeans_backend, kmeans_labels
 from .metis_partition import check_imbalance, metis_output_caught, metis_parts, \
     require_metis
@@ -93,7 +93,7 @@ def spherical_clusters(embeddings, k: int, *, seed: int = 0, iters: int = 10,
         ((40,), 4)
     """
     check_kmeans_backend(backend)
-    x = torch.nn.functional.normalize(torch.as_tensor(embeddings).float(), dim=1)
+    x = l2_normalize_rows(torch.as_tensor(embeddings).float())
     n = x.shape[0]
     k = check_int(k, "k", low=1, high=n)
 
@@ -163,7 +163,7 @@ def community_cells(embeddings, batch_size: int, *, seed: int = 0,
         >>> cells.shape, sorted(set(cells.tolist()))
         ((400,), [0, 1, 2, 3])
     """
-    x = torch.nn.functional.normalize(torch.as_tensor(embeddings).float(), dim=1)
+    x = l2_normalize_rows(torch.as_tensor(embeddings).float())
     n = x.shape[0]
     b = check_int(batch_size, "batch_size", low=1)
     k = max(1, min(n, round(n / (check_int(cell_batches, "cell_batches", low=1) * b))))
