@@ -36,6 +36,7 @@ from scipy.sparse import csr_matrix
 from .. import _rng
 from .._validation import check_choice, check_int, l2_normalize_rows
 from ..neighbors.kmeans import check_kmeans_backend, kmeans_labels
+from ..neighbors.kmeans_tree import apportion
 from .metis_partition import check_imbalance, metis_output_caught, metis_parts, \
     require_metis
 from .pair_separation import pairs_in_batches, separate_pairs
@@ -48,24 +49,6 @@ FLAT_CLUSTERS = 256  # above: two-level k-means (coarse cells of about sqrt(k) c
 PARTITIONERS = ("metis", "kmeans")
 EDGES = ("union", "mutual")  # ours; B3's authors' (spectral_clustering4_ibn.py)
 CELL_BATCHES = 2  # community_cells: cells of about 2 batches (what one noisy edge moves)
-
-
-def _apportion(counts: np.ndarray, k: int) -> np.ndarray:
-    """``k`` clusters shared among cells of ``counts`` items: about proportional, each cell
-    with items at least one and at most its count (largest remainders)."""
-    total = int(counts.sum())
-    quota = counts * (k / total)
-    share = np.minimum(counts, np.maximum(np.floor(quota), counts > 0)).astype(np.int64)
-    rest = quota - share
-    while share.sum() != k:  # a few rounds: at most one cluster per cell each
-        more = share.sum() < k
-        room = (share < counts) if more else (share > 1)
-        pick = np.flatnonzero(room)[np.argsort(-rest[room] if more else rest[room],
-                                               kind="stable")]
-        pick = pick[:abs(k - int(share.sum()))]
-        share[pick] += 1 if more else -1
-        rest[pick] -= 1 if more else -1
-    return share
 
 
 def spherical_clusters(embeddings, k: int, *, seed: int = 0, iters: int = 10,
@@ -105,7 +88,7 @@ def spherical_clusters(embeddings, k: int, *, seed: int = 0, iters: int = 10,
     cells = math.ceil(math.sqrt(k))
     coarse = kmeans_labels(x, cells, _rng.derive_seed(seed, 1), iters, backend, small(cells))
     counts = np.bincount(coarse, minlength=cells)
-    share = _apportion(counts, k)
+    share = apportion(counts, k)
     members = np.argsort(coarse, kind="stable")
     labels = np.empty(n, np.int64)
     start, base = 0, 0
@@ -178,7 +161,7 @@ def _per_cell(g: csr_matrix, parts: int, cells: np.ndarray, seed: int,
     if parts < np.count_nonzero(counts):
         raise ValueError(f"cells= holds {np.count_nonzero(counts)} non-empty cells but "
                          f"parts={parts}; pass at least one part per cell")
-    share = _apportion(counts, parts)
+    share = apportion(counts, parts)
     members = np.argsort(cells, kind="stable")  # each cell's items in item order
     start = np.concatenate([[0], np.cumsum(counts)])
     local = np.empty(n, np.int64)
