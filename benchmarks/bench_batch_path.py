@@ -60,7 +60,8 @@ def count(kind: str) -> dict:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--samplers", nargs="+", default=["proximity", "knn", "gcbs"])
+    ap.add_argument("--samplers", nargs="+", default=["proximity", "knn", "gcbs"],
+                    choices=["proximity", "knn", "gcbs"])
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     out = {kind: count(kind) for kind in args.samplers}
