@@ -245,3 +245,29 @@ def test_code_search_table_pairs_by_seed_against_default_and_mined(tmp_path):
     assert "+0.50 (n = 1, paired; no interval)" in gcbs  # against mined: seed 0 only
     assert " | 0,1,2,3 | " in gcbs and " | 150 | 3.00 | 2.50 | 10.0 | 1.0 | 0.0 | 8.0 | 1.0 |" in gcbs
     assert code_search.arm_table(tmp_path / "none", "test") == "(no runs yet)"
+
+
+def test_code_search_names_wave_two_labels_and_compares_with_the_given_bases(tmp_path):
+    from hardbatch_experiments.reports import code_search
+
+    assert code_search.arm_name("cluster+mined") == code_search.NAME["cluster+mined"]
+    assert code_search.arm_name("hardness@ib10") == code_search.NAME["hardness"] + " (@ib10)"
+    assert code_search.arm_name("something-else@x") == "something-else@x"
+    folder = tmp_path / "epoch"
+    base = {1: 0.50, 2: 0.52}
+    for s in base:
+        _write(folder, f"m{s}.json", _codesearch_run("mined", s, base[s], 0.7))
+        _write(folder, f"c{s}.json", _codesearch_run("community+mined", s, base[s] + 0.01, 0.7))
+    _write(folder, "h1.json", _codesearch_run("mined+hardness@all10", 1, 0.49, 0.7))
+    table = code_search.arm_table(folder, "test", ("mined", "community+mined"))
+    header, _, *lines = table.splitlines()
+    assert "MRR@10 vs mined | MRR@10 vs community+mined | steps" in header
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines}
+    assert list(rows) == [code_search.NAME["mined"], code_search.NAME["community+mined"],
+                          code_search.arm_name("mined+hardness@all10")]
+    m, lo, hi = _t_interval([1.0, 1.0])
+    assert f" | {m:+.2f} [{lo:+.2f}, {hi:+.2f}] (n = 2, paired)" in rows[
+        code_search.NAME["community+mined"]]
+    hard = rows[code_search.arm_name("mined+hardness@all10")]
+    assert "-1.00 (n = 1, paired; no interval)" in hard  # against mined, seed 1
+    assert "-2.00 (n = 1, paired; no interval)" in hard  # against community+mined, seed 1

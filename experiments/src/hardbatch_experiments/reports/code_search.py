@@ -29,18 +29,32 @@ NAME = {"default": "(a) default: sentence-transformers NO_DUPLICATES",
         "cluster": "(f) cluster batches (TAS-B)", "community": "(g) community batches (B3)",
         "community+mined": "(h) community batches + mined negatives, texts kept apart",
         "uniform": "(i) hardbatch uniform (plumbing control)",
+        "hardness": "(j) default + sentence-transformers' hardness weighting",
+        "mined+hardness": "(k) mined + sentence-transformers' hardness weighting",
+        "community+mined+hardness": "(l) community + mined + hardness weighting",
+        "cluster+mined": "(m) cluster batches (TAS-B) + mined negatives",
         "zeroshot": "starting model, no training"}
 METRICS = (("csn_mrr", "MRR (1,000 candidates)"), ("mrr@10", "MRR@10"), ("ndcg@10", "NDCG@10"),
            ("recall@1", "R@1"))
 
 
+def arm_name(label: str) -> str:
+    """The page's name of a run label: :data:`NAME` of the label, or of its arm (the part
+    before ``@``) with the options after it (``hardness@ib10``: strength 10, in-batch mode)."""
+    if label in NAME:
+        return NAME[label]
+    arm, _, options = label.partition("@")
+    return f"{NAME[arm]} (@{options})" if arm in NAME else label
+
+
 def runs_by_arm(folder: Path) -> dict[str, dict[int, dict]]:
     """``{arm label: {seed: record}}`` of the code-search runs in ``folder``, in the order of
-    their :data:`NAME` ((a) to (i), then the starting model; other labels after, sorted)."""
+    their names (:func:`arm_name`: (a) to (m), then the starting model; other labels after,
+    sorted)."""
     by: dict[str, dict[int, dict]] = defaultdict(dict)
     for r in read_runs(folder, lambda r: r.get("benchmark") == "codesearch"):
         by[r["label"]][r["seed"]] = r
-    return {a: by[a] for a in sorted(by, key=lambda a: (a not in NAME, NAME.get(a, a)))}
+    return {a: by[a] for a in sorted(by, key=lambda a: (arm_name(a) == a, arm_name(a)))}
 
 
 def metric_value(r: dict, split: str, key: str) -> float | None:
@@ -63,22 +77,24 @@ def _effect(arm: dict, base: dict, split: str, key: str, scale: float = 100.0) -
                        missing="pending")
 
 
-def arm_table(folder: Path, split: str) -> str:
-    """Per arm: seeds, the metrics (x 100, mean over seeds), MRR@10 against default and against
-    mined (paired, x 100), steps, wall and CPU seconds per training step (medians per run) and
-    the wall time with its parts (minutes)."""
+def arm_table(folder: Path, split: str,
+              bases: tuple[str, ...] = ("default", "mined")) -> str:
+    """Per arm: seeds, the metrics (x 100, mean over seeds), MRR@10 against each arm of
+    ``bases`` (paired over the seeds both finished, x 100; "pending" before a shared seed),
+    steps, wall and CPU seconds per training step (medians per run) and the wall time with its
+    parts (minutes)."""
     by = runs_by_arm(folder)
     if not by:
         return "(no runs yet)"
     rows = []
     for arm, rs in by.items():
         recs = list(rs.values())
-        row = [NAME.get(arm, arm), ",".join(map(str, sorted(rs)))]
+        row = [arm_name(arm), ",".join(map(str, sorted(rs)))]
         for key, _ in METRICS:
             vals = [metric_value(r, split, key) for r in recs
                     if metric_value(r, split, key) is not None]
             row.append(f"{100 * sum(vals) / len(vals):.2f}" if vals else "—")
-        for base in ("default", "mined"):
+        for base in bases:
             row.append("—" if arm in (base, "zeroshot") else
                        _effect(rs, by.get(base, {}), split, "mrr@10"))
         t = [r["time_s"] for r in recs]
@@ -89,8 +105,8 @@ def arm_table(folder: Path, split: str) -> str:
         row += [f"{sum(x[k] for x in t) / len(t) / 60:.1f}"
                 for k in ("charged_wall", "mining", "encoding_refresh", "training", "evaluation")]
         rows.append(row)
-    return md(["arm", "seeds", *(name for _, name in METRICS), "MRR@10 vs default",
-               "MRR@10 vs mined", "steps", "s/step", "CPU s/step", "wall (min, charged)", "mining",
+    return md(["arm", "seeds", *(name for _, name in METRICS),
+               *(f"MRR@10 vs {base}" for base in bases), "steps", "s/step", "CPU s/step", "wall (min, charged)", "mining",
                "encoding + refresh", "training", "evaluation"], rows)
 
 
@@ -188,9 +204,9 @@ def gpu_table(folder: Path, split: str = "test") -> str:
         return "(no GPU runs yet: `bash scripts/gpu_evidence.sh` on a CUDA machine)"
     rows = []
     for (label, b), rs in sorted(groups.items(), key=lambda g: (
-            g[0][1] or 0, g[0][0] not in NAME, NAME.get(g[0][0], g[0][0]))):
+            g[0][1] or 0, arm_name(g[0][0]) == g[0][0], arm_name(g[0][0]))):
         recs = list(rs.values())
-        row = [NAME.get(label, label), b or "—", ",".join(map(str, sorted(rs))),
+        row = [arm_name(label), b or "—", ",".join(map(str, sorted(rs))),
                "—" if b is None else f"{recs[0]['config']['epochs'] or 1:g}"
                if not recs[0]["config"]["steps"] else f"{recs[0]['steps']} steps"]
         for key, _ in METRICS:
@@ -222,7 +238,7 @@ def gpu_step_table(folder: Path) -> str:
     out = []
     for (device, precision, b, label), (step, n, gpu) in sorted(rows.items()):
         base = rows.get((device, precision, b, "default"), (None,))[0]
-        out.append([device, precision, b, NAME.get(label, label), n,
+        out.append([device, precision, b, arm_name(label), n,
                     "—" if step is None else f"{step:.4f}",
                     f"{step / base:.2f}x" if step and base else "—",
                     mean([gpu.get("peak_memory_gib")], "{:.1f}")])
@@ -235,7 +251,9 @@ def tables(results: Path) -> dict[str, str]:
     return {"timing": timing_table(results / "pilots"),
             "wave1": arm_table(results / "pilots" / "wave1", "valid"),
             "wave2": pilot2_table(results / "pilots" / "wave1", results / "pilots" / "wave2"),
-            "confirm": arm_table(results / "confirm", "test"),
+            "confirm": arm_table(results / "confirm", "test",
+                                 ("default", "mined", "community+mined")),
+            "epoch": arm_table(results / "epoch", "test", ("mined",)),
             "packages": package_table(results / "confirm", "test"),
             "gpu": gpu_table(results / "gpu"),
             "gpu_steps": gpu_step_table(results / "gpu" / "timing")}
