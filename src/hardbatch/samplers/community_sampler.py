@@ -51,7 +51,7 @@ class CommunityCells:
             METIS run per cell of about two batches, stable under noise); METIS and
             ``batching="fill"`` only.
         items: items per cell of the cell-local build (scale); 0: the global build; None
-            (default): 0 up to ``AUTO_CELLS_ABOVE`` (2,000,000) items, ``CELL_ITEMS`` (10,000)
+            (default): 0 up to ``AUTO_CELLS_ABOVE`` (2,000,000) items, ``CELL_ITEMS`` (5,000)
             above.
 
     Example:
@@ -249,7 +249,7 @@ class CommunityBatchSampler(PartitionSampler):
     replaced by a farther one of its own) and no community crosses a cell: docs/benchmarks.md
     ("Ten million items") measures what that loses. ``cells.items`` None (default) builds
     globally up to ``AUTO_CELLS_ABOVE`` (2,000,000) items and in cells of ``CELL_ITEMS``
-    (10,000) above; the path that ran is logged (``hardbatch.samplers``, INFO) and kept in
+    (5,000) above; the path that ran is logged (``hardbatch.samplers``, INFO) and kept in
     :attr:`cell_items_used`. Before a build allocates, its memory is estimated; a build that
     would not fit the available memory raises a ``ValueError`` naming N, d, the estimate and
     the option that reduces it.
@@ -309,10 +309,10 @@ class CommunityBatchSampler(PartitionSampler):
             out mid-batch continued by the next, the top ranks kept apart) or ``"trim"`` (B3's
             authors': ``N // (B' / K)`` parts cut to exactly B' / K items; K must divide B').
         cells: where METIS runs: None (default: ``CommunityCells()``, one run over the graph,
-            cells of 10,000 items above 2,000,000) or a :class:`CommunityCells`:
+            cells of 5,000 items above 2,000,000) or a :class:`CommunityCells`:
             ``CommunityCells(batches=2)`` one run per k-means cell of about two batches
             (stable under noise, above; METIS and ``"fill"`` only),
-            ``CommunityCells(items=10_000)`` the cell-local build (scale, above; ``items=0``:
+            ``CommunityCells(items=5_000)`` the cell-local build (scale, above; ``items=0``:
             always the global build); both may be given.
         **options: the shared options (:mod:`hardbatch.samplers.options`) but ``prefetch``,
             ``normalize`` (rows are always L2-normalised), ``distributed``, ``process_group``,
@@ -388,7 +388,7 @@ class CommunityBatchSampler(PartitionSampler):
         elif not isinstance(cells, CommunityCells):
             raise ValueError(f"cells={cells!r} must be None or a CommunityCells: e.g. "
                              "cells=CommunityCells(batches=2) (one METIS run per k-means cell "
-                             "of about two batches) or cells=CommunityCells(items=10_000) (the "
+                             "of about two batches) or cells=CommunityCells(items=5_000) (the "
                              "cell-local build)")
         self.cells = cells
         self.refresh_policy.builder = CommunityBuilder(

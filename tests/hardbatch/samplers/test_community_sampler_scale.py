@@ -91,7 +91,7 @@ def test_community_build_that_does_not_fit_fails_before_it_allocates(emb, monkey
     monkeypatch.setattr(community_module, "coarse_cells", never)
     monkeypatch.setattr(_memory, "available_bytes", lambda: 100_000)
     with pytest.raises(ValueError, match=r"global build at N=1000, d=16 needs about .*"
-                                         r"cells=CommunityCells\(items=10000\)"):
+                                         r"cells=CommunityCells\(items=5000\)"):
         list(hb.CommunityBatchSampler(emb, B))
     with pytest.raises(ValueError, match=r"cell-local build at N=1000, d=16 .*smaller "
                                          r"cells=CommunityCells\(items=\.\.\.\)"):
