@@ -31,6 +31,15 @@ def test_gpu_check_smoke_runs_every_section(tmp_path):
         assert record["ok"] and record["smoke"] and record["rows"], section
     summary = (tmp_path / "gpu_check.md").read_text()
     assert summary.count("(ok,") == 6 and "smoke sizes on CPU" in summary
+    dist = {r["what"]: r for r in json.loads((tmp_path / "gpu_dist.json").read_text())["rows"]}
+    for name in ("plain", "gradcache"):  # the first step apart, then the median of warm steps
+        assert dist[f"{name} first step"]["seconds"] >= 0
+        assert dist[f"{name} step"]["statistic"] == "median" and dist[f"{name} step"]["steps"] >= 3
+    ratio = dist["GradCache step / plain step (issue 46 target: <= 2)"]["ratio"]
+    assert ratio == pytest.approx(dist["gradcache step"]["seconds"] / dist["plain step"]["seconds"],
+                                  rel=0.05, abs=0.01)
+    exact = dist["GradCache vs plain gradients"]
+    assert exact["grad_max_abs_diff"] <= 1e-5 * max(exact["grad_max_abs"], 1e-12)
 
 
 def test_smoke_without_out_leaves_the_tracked_results_alone(tmp_path):
