@@ -209,6 +209,37 @@ def test_hardness_arms_label_and_loss_options():
     assert arm_label(triplets, args) == "mined+hardness@hn10"
 
 
+
+def test_hardness_strength_per_mode_labels_options_and_bad_values(capsys):
+    from types import SimpleNamespace
+
+    from hardbatch_experiments.recipes.codesearch.cli import build_parser
+    from hardbatch_experiments.recipes.codesearch.run import (
+        _loss_options, arm_label, hardness_strength, parse_hardness_strength)
+
+    assert parse_hardness_strength("2.5") == 2.5
+    per_mode = parse_hardness_strength("ib=10, all_negatives=3")
+    assert per_mode == {"in_batch_negatives": 10.0, "all_negatives": 3.0}
+    args = SimpleNamespace(refresh="teacher", embed_column="query", range_max=50,
+                           hardness_mode="auto", hardness_strength=per_mode)
+    pairs, triplets, mined = parse_arms("hardness,mined+hardness,mined")
+    assert [arm_label(a, args) for a in (pairs, triplets)] == ["hardness@ib10", "mined+hardness@all3"]
+    assert _loss_options(triplets, args)["hardness_strength"] == 3.0
+    assert hardness_strength(mined, args) is None
+    args.hardness_strength = {"in_batch_negatives": 10.0}
+    with pytest.raises(ValueError, match="no strength for mined[+]hardness's mode all_negatives: "
+                                         "add all=S"):
+        arm_label(triplets, args)
+    for bad in ("0", "-1", "x", "inf", "ib=10,ib=3", "foo=2", "ib=", "ib=0"):
+        with pytest.raises(ValueError, match="--hardness-strength"):
+            parse_hardness_strength(bad)
+    parser = build_parser()
+    assert parser.parse_args(["--hardness-strength", "ib=10,all=5"]).hardness_strength == \
+        {"in_batch_negatives": 10.0, "all_negatives": 5.0}
+    with pytest.raises(SystemExit):  # argparse's usage error, naming the option and the value
+        parser.parse_args(["--hardness-strength", "ib=-1"])
+    assert "the strength of ib must be a positive number, got '-1'" in capsys.readouterr().err
+
 def test_community_config_authors_label_and_sampler_options():
     from types import SimpleNamespace
 

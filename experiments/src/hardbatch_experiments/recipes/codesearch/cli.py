@@ -37,7 +37,9 @@ from .run import (
     ZERO_SHOT,
     Arm,
     arm_label,
+    hardness_strength,
     parse_arms,
+    parse_hardness_strength,
     result_path,
     run_one,
     run_tag,
@@ -50,6 +52,13 @@ __all__ = ["BUDGET_SAFETY", "COMMAND", "add_codesearch_parser", "build_parser", 
 BUDGET_KEYS = ("batch_sizes", "time_budget", "timing_steps", "timing_warmup", "max_epochs")
 #: Estimates of a cell's seconds are multiplied by this before they are set against the budget.
 BUDGET_SAFETY = 1.15
+
+
+def _hardness_strength(text: str) -> float | dict[str, float]:
+    try:
+        return parse_hardness_strength(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -106,9 +115,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--relative-margin", type=float, default=0.05,
                    help=f"{MINED}: skip candidates scoring above (1 - margin) x the positive's "
                         "score (default 0.05)")
-    p.add_argument("--hardness-strength", type=positive_float, default=5.0,
-                   help="+hardness arms: MultipleNegativesRankingLoss(hardness_strength=...) "
-                        "(default 5)")
+    p.add_argument("--hardness-strength", type=_hardness_strength, default=5.0,
+                   help="+hardness arms: MultipleNegativesRankingLoss(hardness_strength=...): "
+                        "one number, or one per mode, e.g. ib=10,all=5 (default 5)")
     p.add_argument("--hardness-mode", default="auto",
                    choices=("auto", "in_batch_negatives", "hard_negatives", "all_negatives"),
                    help="+hardness arms: MultipleNegativesRankingLoss(hardness_mode=...); auto: "
@@ -189,6 +198,8 @@ def _check(args) -> None:
             all(arm.sampler != COMMUNITY for arm in parse_arms(args.arm)):
         raise ValueError(f"--community-config {args.community_config} sets the {COMMUNITY} "
                          f"arms only; add one (e.g. --arm {COMMUNITY}) or drop the option")
+    for arm in parse_arms(args.arm):  # before any run: a +hardness arm without a strength
+        hardness_strength(arm, args)
     if args.time_budget and args.max_epochs and args.steps:
         raise ValueError("--max-epochs sizes --epochs; drop it or --steps")
     if args.replay_plan and (args.write_plan is not None or args.time_budget or

@@ -47,7 +47,7 @@ from .model import (
     training_classes,
 )
 
-__all__ = ["COMMUNITY", "COMMUNITY_CONFIGS", "HARDNESS", "HARDNESS_MODES", "K", "MINED", "hardness_mode", "MODEL", "PRECISIONS", "TAG_DEFAULTS", "ZERO_SHOT", "Arm", "arm_label", "evaluate_model", "parse_arms",
+__all__ = ["COMMUNITY", "COMMUNITY_CONFIGS", "HARDNESS", "HARDNESS_MODES", "K", "hardness_strength", "parse_hardness_strength", "MINED", "hardness_mode", "MODEL", "PRECISIONS", "TAG_DEFAULTS", "ZERO_SHOT", "Arm", "arm_label", "evaluate_model", "parse_arms",
            "result_path", "run_one", "run_tag"]
 
 MODEL = "all-MiniLM-L6-v2"
@@ -157,7 +157,7 @@ def arm_label(arm: Arm, args) -> str:
         label += f"@r{args.range_max}"
     if arm.hardness:
         mode = hardness_mode(arm, args)
-        label += f"@{HARDNESS_MODES[mode]}{args.hardness_strength:g}"
+        label += f"@{HARDNESS_MODES[mode]}{hardness_strength(arm, args):g}"
     if _sampler_options(arm, args):
         label += f"@{args.community_config}"
     if getattr(args, "replay_plan", None):  # trained on a plan file's batches: another run
@@ -186,6 +186,52 @@ def hardness_mode(arm: Arm, args) -> str | None:
     if mode == "auto":
         return "all_negatives" if arm.mined else "in_batch_negatives"
     return mode
+
+
+def hardness_strength(arm: Arm, args) -> float | None:
+    """The ``hardness_strength`` of the arm's loss: None without ``+hardness``; else
+    ``--hardness-strength``, one number for every mode or a ``{mode: strength}`` dict (the
+    pilot's choice per mode, e.g. ``ib=10,all=5``: see :func:`parse_hardness_strength`)."""
+    mode = hardness_mode(arm, args)
+    if mode is None:
+        return None
+    strength = args.hardness_strength
+    if not isinstance(strength, dict):
+        return strength
+    if mode not in strength:
+        given = ",".join(f"{HARDNESS_MODES[m]}={v:g}" for m, v in strength.items())
+        raise ValueError(f"--hardness-strength {given} gives no strength for {arm.name}'s mode "
+                         f"{mode}: add {HARDNESS_MODES[mode]}=S")
+    return strength[mode]
+
+
+def parse_hardness_strength(text: str) -> float | dict[str, float]:
+    """``--hardness-strength``: a positive number (every mode) or ``MODE=S,...`` with MODE a
+    ``hardness_mode`` or its short form (``ib``, ``hn``, ``all``)."""
+    short = {v: k for k, v in HARDNESS_MODES.items()}
+
+    def positive(value: str, what: str) -> float:
+        try:
+            out = float(value)
+        except ValueError:
+            out = float("nan")
+        if not out > 0 or out == float("inf"):
+            raise ValueError(f"--hardness-strength {text!r}: {what} must be a positive number, "
+                             f"got {value!r}")
+        return out
+
+    if "=" not in text:
+        return positive(text, "the strength")
+    out: dict[str, float] = {}
+    for item in text.split(","):
+        mode, _, value = item.partition("=")
+        mode = short.get(mode.strip(), mode.strip())
+        if mode not in HARDNESS_MODES or mode in out:
+            raise ValueError(f"--hardness-strength {text!r}: {item!r} must be MODE=S with MODE "
+                             f"one of {', '.join(sorted(short))} (or their long names), each "
+                             "once; e.g. ib=10,all=5")
+        out[mode] = positive(value, f"the strength of {HARDNESS_MODES[mode]}")
+    return out
 
 
 def run_tag(args, train_pairs: int) -> str:
@@ -304,7 +350,7 @@ def _loss_options(arm: Arm, args) -> dict:
     mode = hardness_mode(arm, args)
     if mode is None:
         return {}
-    return {"hardness_mode": mode, "hardness_strength": args.hardness_strength}
+    return {"hardness_mode": mode, "hardness_strength": hardness_strength(arm, args)}
 
 
 def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_sets: dict,
@@ -399,7 +445,7 @@ def run_one(args, arm: Arm, seed: int, path: Path, train_pairs: CodePairs, eval_
             "loss": f"MultipleNegativesRankingLoss(scale={args.scale:g}"
                     + "".join(f", {k}={v!r}" for k, v in _loss_options(arm, args).items()) + ")",
             "hardness_mode": hardness_mode(arm, args),
-            "hardness_strength": args.hardness_strength if arm.hardness else None,
+            "hardness_strength": hardness_strength(arm, args),
             "max_seq_length_code": args.max_seq_length,
             "max_seq_length_query": args.max_query_length, "max_seq_length_eval": eval_len,
             "freeze_layers": args.freeze_layers, "parameters": params, "drop_last": True,
