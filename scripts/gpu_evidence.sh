@@ -33,7 +33,9 @@
 # Env: OUT, BUDGET_S (540), SEEDS ("1 2 3"), ARMS (default mined community+mined hardness
 #      mined+hardness community), BATCH_SIZES ("64 256"), EPOCHS (1), MAX_EPOCHS (3),
 #      SEQ (256: code tokens), TIMING_STEPS (20), WARMUP (5), DEVICE (cuda; smoke: cpu),
-#      PRECISION (bf16; smoke: fp32), EVAL (test), THREADS (8; smoke: 1), DATA_DIR (default:
+#      PRECISION (bf16; smoke: fp32), EVAL (test), THREADS (8; smoke: 1), HARDNESS (ib=10,all=10:
+#      the +hardness arms' strengths, per mode, chosen by the CPU pilot of
+#      docs/results/code_search.md, "Wave 2"), DATA_DIR (default:
 #      $HARDBATCH_DATA, else shared/data in this checkout, else ../shared/data), TRAIN_LIMIT,
 #      EXTRA (more options, e.g. "--model DIR").
 set -uo pipefail
@@ -80,7 +82,8 @@ start=$(date +%s)
 timeout --kill-after=10 $((BUDGET_S + 45)) python3 -m hardbatch bench codesearch \
   --arm "$(list ${ARMS:-default mined community+mined hardness mined+hardness community})" \
   --seed-list "$(list ${SEEDS:-1 2 3})" --batch-sizes "$(list ${BATCH_SIZES:-64 256})" \
-  --time-budget "$BUDGET_S" --eval-split "${EVAL:-test}" --out "$OUT" "${ARGS[@]}" ${EXTRA:-}
+  --time-budget "$BUDGET_S" --eval-split "${EVAL:-test}" --out "$OUT" \
+  --hardness-strength "${HARDNESS:-ib=10,all=10}" "${ARGS[@]}" ${EXTRA:-}
 status=$?
 echo "[gpu_evidence] done in $(( $(date +%s) - start )) s (exit $status); runs: $OUT," \
      "timings and the budget's account: $OUT/timing"

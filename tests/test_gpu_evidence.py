@@ -41,7 +41,7 @@ def test_gpu_evidence_smoke_times_sizes_runs_and_reports(tmp_path):
     assert "budget done: 6 ran, 0 skipped for time, 0 failed, 0 excluded" in out
     runs = {(r["label"], r["config"]["batch_size"]): r for r in (
         json.loads(p.read_text()) for p in tmp_path.glob("codesearch__*.json"))}
-    labels = ["default", "community+mined", "mined+hardness@all5"]
+    labels = ["default", "community+mined", "mined+hardness@all10"]
     assert set(runs) == {(a, b) for a in labels for b in (4, 8)} | {("zeroshot", 4)}
     timed = {"default B 4", "community+mined B 4", "mined B 4", "default B 8",
              "community+mined B 8", "mined B 8"}  # +hardness arms are sized by their arm
