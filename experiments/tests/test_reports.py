@@ -271,3 +271,23 @@ def test_code_search_names_wave_two_labels_and_compares_with_the_given_bases(tmp
     hard = rows[code_search.arm_name("mined+hardness@all10")]
     assert "-1.00 (n = 1, paired; no interval)" in hard  # against mined, seed 1
     assert "-2.00 (n = 1, paired; no interval)" in hard  # against community+mined, seed 1
+
+
+def test_code_search_contrast_table_pairs_each_arm_with_its_base(tmp_path):
+    from hardbatch_experiments.reports import code_search
+
+    folder = tmp_path / "confirm"
+    assert code_search.contrast_table(folder, "test") == "(no runs yet)"
+    base = {1: 0.50, 2: 0.52, 3: 0.55}
+    for s in base:
+        _write(folder, f"d{s}.json", _codesearch_run("default", s, base[s], 0.7))
+        _write(folder, f"j{s}.json", _codesearch_run("hardness@ib10", s, base[s] + 0.01 + 0.001 * s,
+                                                         0.7))
+    contrasts = (("hardness@ib10", "default", "why 1"), ("hardness@ib10", "mined", "why 2"))
+    header, _, first, second = code_search.contrast_table(folder, "test", contrasts).splitlines()
+    assert header.startswith("| arm | against | why | MRR@10 (test) difference x 100 |")
+    m, lo, hi = _t_interval([1.1, 1.2, 1.3])
+    assert first == (f"| {code_search.arm_name('hardness@ib10')} | {code_search.NAME['default']} "
+                     f"| why 1 | {m:+.2f} [{lo:+.2f}, {hi:+.2f}] (n = 3, paired), beyond noise "
+                     "| 10.0 | 10.0 |")
+    assert "| why 2 | pending | 10.0 | — |" in second  # no mined run: no effect, no cost

@@ -110,6 +110,48 @@ def arm_table(folder: Path, split: str,
                "encoding + refresh", "training", "evaluation"], rows)
 
 
+#: Wave 2's comparisons (docs/results/code_search.md, "Wave 2"): (arm, base arm, why). The arms
+#: are run labels of the confirmation folder; the pre-registered ones first, then those that
+#: answer the issue's question of whether the one-flag alternative gives what a sampler gives.
+WAVE2_CONTRASTS = (
+    ("hardness@ib10", "default", "pre-registered"),
+    ("hardness@ib10", "mined", "pre-registered"),
+    ("hardness@ib10", "community+mined", "pre-registered"),
+    ("mined+hardness@all10", "default", "pre-registered"),
+    ("mined+hardness@all10", "mined", "pre-registered"),
+    ("mined+hardness@all10", "community+mined", "pre-registered"),
+    ("community+mined+hardness@all10", "default", "pre-registered"),
+    ("community+mined+hardness@all10", "mined", "pre-registered"),
+    ("community+mined+hardness@all10", "community+mined", "pre-registered"),
+    ("cluster+mined", "default", "pre-registered"),
+    ("cluster+mined", "mined", "pre-registered"),
+    ("cluster+mined", "community+mined", "pre-registered"),
+    ("hardness@ib10", "community", "the flag against a sampler, no mining"),
+    ("hardness@ib10", "cluster", "the flag against a sampler, no mining"),
+    ("community+mined+hardness@all10", "mined+hardness@all10",
+     "a sampler on top of the flag, over mining"),
+)
+
+
+def contrast_table(folder: Path, split: str, contrasts=WAVE2_CONTRASTS) -> str:
+    """One row per (arm, base): the paired MRR@10 effect (x 100) on the seeds both finished,
+    and each arm's charged wall minutes per run (mean over its seeds; mining and encoding at
+    their cost); "pending" before a shared seed."""
+    by = runs_by_arm(folder)
+    if not any(arm in by for arm, _, _ in contrasts):
+        return "(no runs yet)"
+
+    def minutes(label: str) -> str:
+        return mean([r["time_s"]["charged_wall"] / 60 for r in by.get(label, {}).values()],
+                    "{:.1f}")
+
+    rows = [[arm_name(arm), arm_name(base), why,
+             _effect(by.get(arm, {}), by.get(base, {}), split, "mrr@10"), minutes(arm),
+             minutes(base)] for arm, base, why in contrasts]
+    return md(["arm", "against", "why", f"MRR@10 ({split}) difference x 100",
+               "arm: wall (min, charged)", "base: wall (min, charged)"], rows)
+
+
 def package_table(folder: Path, split: str) -> str:
     """Per package of ``split`` (pairs, distinct queries): default's MRR@10 (x 100, mean over
     its seeds) and every other trained arm's MRR@10 against default on that package's queries
@@ -254,6 +296,7 @@ def tables(results: Path) -> dict[str, str]:
             "confirm": arm_table(results / "confirm", "test",
                                  ("default", "mined", "community+mined")),
             "epoch": arm_table(results / "epoch", "test", ("mined",)),
+            "wave2_confirm": contrast_table(results / "confirm", "test"),
             "packages": package_table(results / "confirm", "test"),
             "gpu": gpu_table(results / "gpu"),
             "gpu_steps": gpu_step_table(results / "gpu" / "timing")}
