@@ -291,3 +291,26 @@ def test_code_search_contrast_table_pairs_each_arm_with_its_base(tmp_path):
                      f"| why 1 | {m:+.2f} [{lo:+.2f}, {hi:+.2f}] (n = 3, paired), beyond noise "
                      "| 10.0 | 10.0 |")
     assert "| why 2 | pending | 10.0 | — |" in second  # no mined run: no effect, no cost
+
+
+def test_code_search_charges_one_mining_computation_at_its_least_measured_cost(tmp_path):
+    from hardbatch_experiments.reports import code_search
+
+    def mined_run(label, seconds, device="cpu"):
+        r = _codesearch_run(label, 1, 0.5, 0.7)
+        r["time_s"] = dict(r["time_s"], mining=seconds, charged_wall=540.0 + seconds)
+        r["mining"] = {"rows_in": 100, "rows_out": 90, "range_max": 50, "relative_margin": 0.05,
+                       "num_negatives": 1, "sampling_strategy": "top", "max_seq_length": 128,
+                       "seconds": seconds, "cached": True}
+        r["config"] = {"device": device}
+        return r
+
+    _write(tmp_path / "a", "m.json", mined_run("mined", 60.0))
+    _write(tmp_path / "b", "k.json", mined_run("mined+hardness@all10", 240.0))
+    _write(tmp_path / "gpu", "g.json", mined_run("mined", 6.0, device="cuda"))
+    least = code_search.least_mining(tmp_path)
+    assert sorted(least.values()) == [6.0, 60.0]  # the GPU's mining is another measurement
+    (run,) = code_search.runs_by_arm(tmp_path / "b", least)["mined+hardness@all10"].values()
+    assert run["time_s"]["mining"] == 60.0 and run["time_s"]["charged_wall"] == 600.0
+    (raw,) = code_search.runs_by_arm(tmp_path / "b")["mined+hardness@all10"].values()
+    assert raw["time_s"]["charged_wall"] == 780.0  # without the map: as recorded
