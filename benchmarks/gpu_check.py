@@ -99,6 +99,7 @@ def mixture(n: int, d: int, seed: int = 0, device="cpu") -> torch.Tensor:
 
 WARM_STEPS = 5  # dist: timed steps after the first one (plain and GradCache)
 
+
 class Timer:
     """Wall time of a block with the device synchronised at both ends; peak CUDA memory."""
 
@@ -259,10 +260,10 @@ def section_dist(cfg: dict, device: torch.device) -> list[dict]:
                 seconds.append(t.seconds)
             warm[name] = statistics.median(seconds[1:])
             grads[name] = torch.cat([q.grad.reshape(-1) for q in enc.parameters()])
-            rows.append({"what": f"{name} step", "seconds": round(warm[name], 4),
-                         "steps": WARM_STEPS, "statistic": "median", "batch": b,
-                         "peak_gib": None if t.peak_gib is None else round(t.peak_gib, 3),
-                         "loss": round(float(loss.detach()), 6)})
+            step = row(f"{name} step", t, steps=WARM_STEPS, statistic="median", batch=b,
+                       loss=round(float(loss.detach()), 6))
+            step["seconds"] = round(warm[name], 4)  # the median, not the last step's time
+            rows.append(step)
         rows.append({"what": "GradCache step / plain step (issue 46 target: <= 2)",
                      "ratio": round(warm["gradcache"] / warm["plain"], 2)})
         rows.append({"what": "GradCache vs plain gradients",

@@ -147,26 +147,20 @@ def arm_table(folder: Path, split: str,
                 for k in ("charged_wall", "mining", "encoding_refresh", "training", "evaluation")]
         rows.append(row)
     return md(["arm", "seeds", *(name for _, name in METRICS),
-               *(f"MRR@10 vs {base}" for base in bases), "steps", "s/step", "CPU s/step", "wall (min, charged)", "mining",
+               *(f"MRR@10 vs {base}" for base in bases), "steps", "s/step", "CPU s/step",
+               "wall (min, charged)", "mining",
                "encoding + refresh", "training", "evaluation"], rows)
 
 
+#: Wave 2's new arms, as run labels (the pilot's strengths in them).
+WAVE2_ARMS = ("hardness@ib10", "mined+hardness@all10", "community+mined+hardness@all10",
+              "cluster+mined")
 #: Wave 2's comparisons (docs/results/code_search.md, "Wave 2"): (arm, base arm, why). The arms
 #: are run labels of the confirmation folder; the pre-registered ones first, then those that
 #: answer the issue's question of whether the one-flag alternative gives what a sampler gives.
 WAVE2_CONTRASTS = (
-    ("hardness@ib10", "default", "pre-registered"),
-    ("hardness@ib10", "mined", "pre-registered"),
-    ("hardness@ib10", "community+mined", "pre-registered"),
-    ("mined+hardness@all10", "default", "pre-registered"),
-    ("mined+hardness@all10", "mined", "pre-registered"),
-    ("mined+hardness@all10", "community+mined", "pre-registered"),
-    ("community+mined+hardness@all10", "default", "pre-registered"),
-    ("community+mined+hardness@all10", "mined", "pre-registered"),
-    ("community+mined+hardness@all10", "community+mined", "pre-registered"),
-    ("cluster+mined", "default", "pre-registered"),
-    ("cluster+mined", "mined", "pre-registered"),
-    ("cluster+mined", "community+mined", "pre-registered"),
+    *((arm, base, "pre-registered") for arm in WAVE2_ARMS
+      for base in ("default", "mined", "community+mined")),
     ("hardness@ib10", "community", "the flag against a sampler, no mining"),
     ("hardness@ib10", "cluster", "the flag against a sampler, no mining"),
     ("community+mined+hardness@all10", "mined+hardness@all10",

@@ -13,6 +13,7 @@ from; named explicitly).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ from hardbatch.integrations.sentence_transformers import (
     DEFAULT_SAMPLER,
     hard_negative_batch_sampler,
 )
+from hardbatch.cli_types import positive_float
 from hardbatch.registry import canonical_sampler, sampler_names
 
 from ... import runs
@@ -212,13 +214,10 @@ def parse_hardness_strength(text: str) -> float | dict[str, float]:
 
     def positive(value: str, what: str) -> float:
         try:
-            out = float(value)
-        except ValueError:
-            out = float("nan")
-        if not out > 0 or out == float("inf"):
+            return positive_float(value)
+        except argparse.ArgumentTypeError:
             raise ValueError(f"--hardness-strength {text!r}: {what} must be a positive number, "
-                             f"got {value!r}")
-        return out
+                             f"got {value!r}") from None
 
     if "=" not in text:
         return positive(text, "the strength")
