@@ -41,7 +41,10 @@ for stage in ${STAGES:-confirm epoch}; do
       ;;
     epoch)
       out=${EPOCH_OUT:-results/code_search/epoch} seeds=${EPOCH_SEEDS:-1 2 3}
-      EPOCHS=1 grid "$out" "$seeds" "mined community+mined ${EPOCH_ARMS:-}" "${community[@]}"
+      # --hardness-strength per mode, so that an extra +hardness arm (EPOCH_ARMS) runs at the
+      # pilot's strength, not the command's default; arms without +hardness ignore it
+      EPOCHS=1 grid "$out" "$seeds" "mined community+mined ${EPOCH_ARMS:-}" \
+        --hardness-strength "ib=$S_IB,all=$S_ALL" "${community[@]}"
       ;;
     *) echo "codesearch_wave2.sh: unknown stage '$stage' (confirm, epoch)" >&2; exit 2 ;;
   esac
