@@ -93,7 +93,7 @@ class SnapshotBuilder:
         ((40, 8), True, ['snapshot'])
     """
 
-    cheaper_build = "method='ivf' instead of the exact search"
+    cheaper_build = "method='faiss-ivf' instead of the exact search"
 
     def __init__(self, plan: PlanShape, method: str, index_kind: str | None, *,
                  device: torch.device, normalize: bool = True) -> None:

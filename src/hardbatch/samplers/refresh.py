@@ -102,7 +102,7 @@ class Builder(Protocol):
         >>> isinstance(builder, Builder), type(builder).__name__, builder.exact_build
         (True, 'SnapshotBuilder', True)
         >>> builder.cheaper_build
-        "method='ivf' instead of the exact search"
+        "method='faiss-ivf' instead of the exact search"
     """
 
     exact_build: bool

@@ -326,3 +326,23 @@ def test_gcbs_sampler_with_an_order_building_in_the_background_pickles(base):
     assert copy.refresh_policy.next_key == 1
     want, got = sampler.state_dict()["generator"], copy.state_dict()["generator"]
     assert got["next_epoch"] == 1 and torch.equal(got["next_order"], want["next_order"])
+
+
+@pytest.mark.parametrize("name", ["proximity", "knn", "gcbs", "cluster", "community"])
+def test_cheaper_build_advice_names_options_the_sampler_accepts(name):
+    """The rebuild-cost warning quotes ``builder.cheaper_build``: every ``option=value`` it
+    advises (the first one per option; "instead of the exact graph='knn'" names the current
+    setting) is accepted by that sampler's constructor and gives full batches."""
+    import re
+
+    from hardbatch import registry
+
+    x = np.random.default_rng(0).standard_normal((400, 8)).astype(np.float32)
+    base = {"proximity": {"neighbors": 5, "candidates": 50, "graph": "knn"}}.get(name, {})
+    advice = registry.make_sampler(name, x, 8, **base).refresh_policy.builder.cheaper_build
+    options = {}
+    for key, value in re.findall(r"(\w+)=('[^']*'|\w+\([^)]*\)|\d+)", advice):
+        options.setdefault(key, eval(value, {"CommunityCells": hb.CommunityCells}))
+    assert options, f"{name}: no option=value in the advice {advice!r}"
+    batches = list(registry.make_sampler(name, x, 8, **{**base, **options}))
+    assert len(batches) == 50 and all(len(b) == 8 for b in batches)
