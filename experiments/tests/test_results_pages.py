@@ -3,8 +3,9 @@
 JSONs give today.
 
 docs/results/{graphs,text,vision}.md are hand-written around ``<!-- table: KEY -->`` blocks that
-``scripts/report_*.py`` fill from ``results/``; docs/results/README.md and the repository
-README quote the pages, so their effects must stand in some page's tables.
+``scripts/report_*.py`` fill from ``results/``; docs/results/README.md, the repository README
+and docs/samplers.md ("Which sampler for which job") quote the pages, so their effects must
+stand in some page's tables.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def test_every_written_effect_stands_in_the_pages_tables(name):
     assert unsupported(handwritten(text_), table_text(name)) == []
 
 
-@pytest.mark.parametrize("quoting", ["docs/results/README.md", "README.md"])
+@pytest.mark.parametrize("quoting", ["docs/results/README.md", "README.md", "docs/samplers.md"])
 def test_summaries_quote_only_effects_of_the_pages_tables(quoting):
     written = (REPO / quoting).read_text()
     assert effects(written)
