@@ -290,8 +290,10 @@ def _inspect(args) -> int:
     for name in samplers:
         try:
             sampler, config = _make_sampler(name, x, params, args.seed)
-        except ValueError as exc:
-            raise InspectError(f"{name} sampler: {exc}") from None
+        except (ValueError, ImportError) as exc:  # its fix may name an option with no flag
+            raise InspectError(f"{name} sampler: {exc} (this command sets only its flags, "
+                               f"hardbatch inspect --help; otherwise drop {name} from "
+                               "--sampler)") from None
         label = _label(name, config)
         _progress(f"drawing {num_batches} batches of {params['batch_size']} from {label} ...")
         _warm_up(name, d, params)

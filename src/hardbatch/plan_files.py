@@ -70,7 +70,7 @@ def _texts(data, column) -> list[str]:
     if isinstance(data, (list, tuple)) and all(isinstance(t, str) for t in data):
         return list(data)
     from .integrations.sentence_transformers import column_texts
-    return column_texts(data, column)
+    return column_texts(data, column, "column=... (hardbatch plan --column)")
 
 
 def load_embeddings(embeddings, *, column: str | None = None, model=None,
@@ -201,7 +201,8 @@ def write_plan(path, embeddings, sampler: str, batch_size: int, *, options: dict
     fixed = [k for k in ("seed", "rank", "world_size") if k in options]
     if fixed:
         raise ValueError(f"options hold {', '.join(fixed)}: pass seed= and world_size= to "
-                         "write_plan itself (it writes the batches of every rank)")
+                         "write_plan itself (hardbatch plan --seed / --world-size; it writes "
+                         "the batches of every rank)")
     pyarrow_modules()  # before the embeddings and the sampler's build
     x = load_embeddings(embeddings, column=column, model=model,
                         encode_batch_size=encode_batch_size)

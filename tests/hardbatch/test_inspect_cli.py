@@ -177,6 +177,8 @@ def test_inspect_reads_npz_pt_and_text_labels(tmp_path, capsys, fmt):
     ("pt-dict", "holds a dict without key 'embeddings'"),
     ("corrupt", "could not read embeddings file"),
     ("text-as-npy", r"x.npy is not a NumPy array file \(it does not start with the .npy header\)"),
+    ("community-small", r"community sampler: window=20 .* \(this command sets only its flags, "
+                        r"hardbatch inspect --help; otherwise drop community from --sampler\)"),
 ])
 def test_bad_input_exits_2_with_message_and_no_traceback(tmp_path, capsys, case, match):
     rng = np.random.default_rng(1)
@@ -213,6 +215,9 @@ def test_bad_input_exits_2_with_message_and_no_traceback(tmp_path, capsys, case,
         args[0].write_bytes(b"not a torch file")
     elif case == "text-as-npy":  # issue 17.11: no (unsafe) allow_pickle suggestion
         emb.write_text("0.1,0.2\n0.3,0.4\n")
+    elif case == "community-small":  # the sampler's fix names window=, which has no flag
+        np.save(emb, x[:20])
+        args += ["--sampler", "community", "--batch-size", 4]
     res = run_main(capsys, *args)
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert "Traceback" not in res.stderr and "allow_pickle" not in res.stderr

@@ -163,7 +163,8 @@ def test_bad_inputs_name_the_file_and_the_fix(plan, x, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=rf"{path}: epoch=2 is beyond the plan, which holds "
                                          r"epochs 0..1; write the plan with epochs=3"):
         next(iter(sampler))
-    with pytest.raises(ValueError, match="options hold seed"):
+    with pytest.raises(ValueError, match=r"options hold seed: .*\(hardbatch plan --seed / "
+                                         r"--world-size"):
         write_plan(tmp_path / "s.parquet", x, "knn", B, options={"seed": 3})
     with pytest.raises(ValueError, match="unknown sampler"):
         write_plan(tmp_path / "s.parquet", x, "graph", B)
@@ -350,3 +351,7 @@ def test_sentence_transformer_trainer_trains_on_the_plan_in_order(tmp_path):
     assert type(make.samplers[-1]) is PlanBatchSampler
     assert make(train.select(range(4)), batch_size=2).__class__.__name__ == "BatchSampler"
     assert plan_files.load_embeddings(train, column="anchor", model=model).shape == (16, 384)
+    numbers = datasets.Dataset.from_dict({"n": list(range(16))})
+    with pytest.raises(ValueError, match=r"column 'n' must hold texts, got int; pass column=\.\.\. "
+                                         r"\(hardbatch plan --column\) naming a text column"):
+        plan_files.load_embeddings(numbers, column="n", model=model)

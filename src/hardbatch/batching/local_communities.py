@@ -231,7 +231,8 @@ def local_communities(embeddings, cells, parts: int, *, skip: int, window: int,
                                          keep=keep, window=window, workers=workers),
                  n=n, d=d, what=f"the cell-local community build ({len(nonempty)} cells)",
                  memory_limit=memory_limit,
-                 reduce="smaller cells (cell_items=), fewer workers or a smaller window")
+                 reduce="smaller cells (coarse_cells(cell_items=...)), fewer workers or a smaller "
+                        "window")
     share = apportion(counts, parts)
     first = np.concatenate([[0], np.cumsum(share)])
     members = np.argsort(cells, kind="stable")  # each cell's items in item order

@@ -257,7 +257,8 @@ def check_pair_count(pairs: int, extra_negatives: int, where: str = "") -> None:
         raise ValueError(
             f"need a {where}batch of at least 2 pairs (B >= 2) for in-batch negatives, or B >= 1 "
             f"with at least one row of negatives, got B={pairs}"
-            + ("" if has_bank else "; use drop_last=True in the DataLoader or pass negatives")
+            + ("" if has_bank else "; use drop_last=True in the batch sampler (or in the "
+               "DataLoader when it has no batch_sampler), or pass negatives")
         )
 
 

@@ -89,19 +89,20 @@ def _faiss():
         return None
 
 
-def check_kmeans_backend(backend: str) -> str:
+def check_kmeans_backend(backend: str, name: str = "backend") -> str:
     """``backend`` checked: one of :data:`KMEANS_BACKENDS`, and ``"faiss"`` only with faiss
-    installed (``ImportError`` naming the extra).
+    installed (``ImportError`` naming the extra); messages call it ``name`` (the caller's
+    parameter, e.g. ``ClusterBatchSampler``'s ``kmeans``).
 
     Example:
         >>> from hardbatch.neighbors.kmeans import check_kmeans_backend
         >>> check_kmeans_backend("torch")
         'torch'
     """
-    check_choice("backend", backend, KMEANS_BACKENDS)
+    check_choice(name, backend, KMEANS_BACKENDS)
     if backend == "faiss" and _faiss() is None:
-        raise ImportError("backend='faiss' needs faiss; pip install 'hardbatch[faiss]' or use "
-                          "backend='torch'")
+        raise ImportError(f"{name}='faiss' needs faiss; pip install 'hardbatch[faiss]' or use "
+                          f"{name}='torch'")
     return backend
 
 

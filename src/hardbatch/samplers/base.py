@@ -196,11 +196,13 @@ class PlanSampler(Sampler[list[int]]):
                 f"{b} for world_size={w} ranks, so every rank would get no batch; {fix}pass "
                 "drop_last=False")
         if self.batches_per_epoch < self.plan_width:  # padding would repeat a batch in a step
+            # the largest batch_size giving w batches: floor(N / b) >= w, or ceil(N / b) >= w
+            largest = n // w if self.drop_last else -(-n // (w - 1)) - 1
             raise ValueError(
                 f"world_size={w} needs at least {w} batches per epoch so that the ranks get "
                 f"different batches, but N={n} items make {self.batches_per_epoch} of "
-                f"batch_size={b}; use N >= {(w - 1) * b + 1} items, a smaller world_size or "
-                "batch_size, or global_batch=True (one batch split across the ranks)")
+                f"batch_size={b}; use N >= {(w - 1) * b + 1} items, a smaller world_size" +
+                (f", or batch_size <= {largest}" if largest >= 1 else ""))
 
     @property
     def batches_per_epoch(self) -> int:

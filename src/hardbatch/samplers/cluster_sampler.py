@@ -13,12 +13,12 @@ import torch
 
 from .. import _rng
 from .._device import resolve_device
-from .._validation import check_choice, check_int
+from .._validation import check_int
 from .._memory import check_memory
 from ..batching.communities import group_order, groups_per_batch, spherical_clusters
 from ..embeddings import EmbeddingSource
 from ..keys.repair import separate_keys
-from ..neighbors.kmeans import KMEANS_BACKENDS
+from ..neighbors.kmeans import check_kmeans_backend
 from ..neighbors.kmeans_tree import kmeans_tree, kmeans_tree_bytes, tree_levels
 from .embedding_sampler import built
 from .options import ClusterOptions, take_options
@@ -57,7 +57,13 @@ class ClusterBuilder:
     """
 
     exact_build = False
-    cheaper_build = "kmeans_levels=3 (a k-means tree: fewer centroids per item) or fewer iters"
+
+    @property
+    def cheaper_build(self) -> str:
+        """The cost advice's cheaper options (the tree only when it is not in use)."""
+        fewer = f"iters= below {self.iters}"
+        return fewer if self.levels is not None else \
+            f"kmeans_levels=3 (a k-means tree: fewer centroids per item) or {fewer}"
 
     def __init__(self, plan: PlanShape, clusters: int, clusters_per_batch: int, *,
                  iters: int = 10, kmeans: str = "auto", levels: int | None = None,
@@ -191,7 +197,7 @@ class ClusterBatchSampler(PartitionSampler):
         if self.num_clusters > n:
             raise ValueError(f"clusters={clusters} must be at most the N={n} items; use "
                              f"clusters <= {n} or None (default ceil(N / B) = {-(-n // b)})")
-        check_choice("kmeans", kmeans, KMEANS_BACKENDS)
+        check_kmeans_backend(kmeans, "kmeans")  # faiss's ImportError now, not at an epoch
         self.kmeans, self.iters = kmeans, check_int(iters, "iters", low=1)
         self.kmeans_levels = None if kmeans_levels is None else check_int(
             kmeans_levels, "kmeans_levels", low=1)

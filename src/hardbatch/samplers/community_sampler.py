@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import warnings
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ from ..batching.communities import CELL_BATCHES, EDGES, PARTITIONERS, cell_order
     community_labels, group_order, pairs_in_batches, rank_graph, require_metis, separate_pairs, \
     trimmed_order
 from ..embeddings import EmbeddingSource
+from ..neighbors.index_search import KNN_METHODS
 from ..neighbors.knn_graph import knn_graph
 from ..batching.local_communities import AUTO_CELLS_ABOVE, CELL_ITEMS, coarse_cells, \
     global_communities_bytes, local_communities, local_communities_bytes
@@ -106,8 +108,16 @@ class CommunityBuilder:
     """
 
     exact_build = False
-    cheaper_build = "knn_method='faiss-ivf' (an approximate kNN graph) or " \
-        f"cells=CommunityCells(items={CELL_ITEMS}) (kNN graph and METIS cell by cell)"
+
+    @property
+    def cheaper_build(self) -> str:
+        """The cost advice's cheaper options, for the build in use: smaller cells, or for the
+        global build an approximate kNN graph (unless in use) and cells."""
+        if self.cell_items_used:
+            return f"smaller cells (cells=CommunityCells(items={self.cell_items_used // 2}))"
+        cells = f"cells=CommunityCells(items={CELL_ITEMS}) (kNN graph and METIS cell by cell)"
+        return cells if self.knn_method == "faiss-ivf" else \
+            f"knn_method='faiss-ivf' (an approximate kNN graph) or {cells}"
 
     def __init__(self, plan: PlanShape, communities_per_batch: int, *, skip: int = 3,
                  window: int = 20, partitioner: str = "metis", knn_method: str | None = None,
@@ -167,8 +177,11 @@ class CommunityBuilder:
                          reduce=f"cells=CommunityCells(items={CELL_ITEMS}) (kNN graph and METIS "
                                 "cell by cell) or a smaller window=")
             method = {} if self.knn_method is None else {"method": self.knn_method}
-            nbrs = knn_graph(x, ranks, device=self.device, seed=seed & 0x7FFFFFFF,
-                             **method).numpy()
+            try:
+                nbrs = knn_graph(x, ranks, device=self.device, seed=seed & 0x7FFFFFFF,
+                                 **method).numpy()
+            except ImportError as exc:  # the sampler's parameter is knn_method=, not method=
+                raise ImportError(str(exc).replace("method=", "knn_method=")) from exc
             self.cell_labels = community_cells(x, plan.batch_size, seed=_rng.derive_seed(
                 seed, 0xCE11), cell_batches=self.cells.batches) if local else None
             labels = community_labels(nbrs, self.parts, skip=self.skip, window=self.window,
@@ -299,8 +312,10 @@ class CommunityBatchSampler(PartitionSampler):
         partitioner: ``"metis"`` (default, B3's: ``pip install 'hardbatch[metis]'``) or
             ``"kmeans"`` (no extra: spherical k-means clusters of the embeddings, not balanced
             and blind to the graph; the skipped ranks are still kept apart).
-        knn_method: the ``method`` of :func:`hardbatch.knn_graph`, passed through (None: its
-            default; ``"exact"`` costs O(N^2 d), ``"faiss-ivf"`` / ``"hnsw"`` are approximate).
+        knn_method: the ``method`` of :func:`hardbatch.knn_graph` for the global build, passed
+            through (None: its default; ``"exact"`` costs O(N^2 d), ``"faiss-ivf"`` /
+            ``"hnsw"`` are approximate); checked at construction. Builds in cells (``cells``)
+            compute each cell's graph themselves and do not use it.
         imbalance: METIS's balance tolerance in [1, 2] (default 1.03: no community above 1.03
             times its cell's average; above 2 METIS leaves communities empty and prints errors).
         edges: ``"union"`` (default: i and j joined when either lists the other) or ``"mutual"``
@@ -370,10 +385,13 @@ class CommunityBatchSampler(PartitionSampler):
                              f"{self.skip + self.window} neighbours per item but N={n} items "
                              f"have {n - 1}; use window <= {max(0, n - 1 - self.skip)}")
         check_choice("partitioner", partitioner, PARTITIONERS)
+        if knn_method is not None:
+            check_choice("knn_method", knn_method, KNN_METHODS)
         if partitioner == "metis":
             require_metis()  # ImportError now, naming the extra, not at the first epoch
         self.partitioner, self.knn_method = partitioner, knn_method
-        self.imbalance = check_imbalance(imbalance)  # METIS's working range: [1, 2]
+        # METIS's working range: [1, 2]; partitioner="kmeans" has no balance tolerance
+        self.imbalance = check_imbalance(imbalance) if partitioner == "metis" else imbalance
         check_choice("edges", edges, EDGES)
         check_choice("batching", batching, BATCHINGS)
         self.edges, self.batching = edges, batching
@@ -396,6 +414,12 @@ class CommunityBatchSampler(PartitionSampler):
             partitioner=partitioner, knn_method=knn_method, imbalance=self.imbalance,
             edges=edges, batching=batching, cells=cells, device=resolve_device(device),
             fixed=fixed_source(embeddings))
+        if knn_method is not None and self.cell_items_used:  # a likely misuse: say so
+            why = "cells.items" if cells.items else f"automatic above {AUTO_CELLS_ABOVE:,} items"
+            warnings.warn(f"knn_method={knn_method!r} is not used: the communities are built in "
+                          f"cells of {self.cell_items_used} items ({why}), each cell's kNN "
+                          "graph exact; drop knn_method, or pass cells=CommunityCells(items=0) "
+                          "for the global build that uses it", UserWarning, stacklevel=2)
 
     parts = built("parts", "The communities (parts) of a build.")
     cell_items_used = built("cell_items_used", "The cell size of the builds (0: global): "

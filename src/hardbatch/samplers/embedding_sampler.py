@@ -104,7 +104,9 @@ class EmbeddingSampler(PlanSampler):
             embeddings, None, n, name=type(self).__name__, first=first, paired=paired,
             normalize=self.normalize, every=every, lag=lag, background=background,
             distributed=bool(distributed), process_group=process_group,
-            per_epoch=self._per_epoch, threaded=bool(self.prefetch))
+            per_epoch=self._per_epoch, threaded=bool(self.prefetch),
+            offers_background="background" in getattr(type(self), "Options",
+                                                      {"background": bool}).__annotations__)
 
     def _schedule(self, every: int | None, lag: int) -> int | None:
         """The refresh period the policy uses, checked against ``lag``."""

@@ -54,8 +54,6 @@ class GCBSOrderBuilder:
         (True, [0, 1, 2, 3, 4], True)
     """
 
-    cheaper_build = "method='ivf' instead of the exact search"
-
     def __init__(self, plan: PlanShape, quantile: float, *, method: str = "auto",
                  min_partners: int | None = None, search: tuple = (None, 8, None),
                  interleave: int = 0, shuffle_batches: bool = False, paired: bool = False,
@@ -72,6 +70,11 @@ class GCBSOrderBuilder:
     def exact_build(self) -> bool:
         """Whether a build is the exact (quadratic) pair search (the refresh cost advice)."""
         return self.method == "exact"
+
+    @property
+    def cheaper_build(self) -> str:
+        """The cost advice's cheaper option ("" when the pair search is approximate already)."""
+        return "method='ivf' instead of the exact search" if self.exact_build else ""
 
     def build(self, x, epoch: int, group) -> Order:
         """Epoch ``epoch``'s item order and batch order, from embeddings ``x`` (a pair

@@ -93,8 +93,6 @@ class SnapshotBuilder:
         ((40, 8), True, ['snapshot'])
     """
 
-    cheaper_build = "method='faiss-ivf' instead of the exact search"
-
     def __init__(self, plan: PlanShape, method: str, index_kind: str | None, *,
                  device: torch.device, normalize: bool = True) -> None:
         self.plan, self.method, self.index_kind = plan, method, index_kind
@@ -104,6 +102,11 @@ class SnapshotBuilder:
     def exact_build(self) -> bool:
         """Whether every batch is an exact product (``method="exact"``; the cost advice)."""
         return self.method == "exact"
+
+    @property
+    def cheaper_build(self) -> str:
+        """The cost advice's cheaper option ("" when the search is an index already)."""
+        return "method='faiss-ivf' instead of the exact search" if self.exact_build else ""
 
     def build(self, x: torch.Tensor, step: int, group) -> torch.Tensor:
         """The snapshot [N, d] on ``device`` (checked for NaN / inf)."""

@@ -53,9 +53,6 @@ class ProximityGraphBuilder:
         ((40, 5), False, True)
     """
 
-    cheaper_build = "graph='proximity' (the approximate proximity graph) instead of the exact " \
-        "graph='knn'"
-
     def __init__(self, plan: PlanShape, candidates: int, neighbors: int,
                  kind: Literal["proximity", "knn"], group_size: int | None, *,
                  device: torch.device, precision: str = "fp32", progress: bool | None = None,
@@ -69,6 +66,12 @@ class ProximityGraphBuilder:
     def exact_build(self) -> bool:
         """Whether a build is the exact (quadratic) kNN graph (the refresh cost advice)."""
         return self.kind == "knn"
+
+    @property
+    def cheaper_build(self) -> str:
+        """The cost advice's cheaper option ("" when the graph is already the approximate one)."""
+        return "graph='proximity' (the approximate proximity graph) instead of the exact " \
+            "graph='knn'" if self.exact_build else ""
 
     def build(self, x: torch.Tensor, step: int, group) -> tuple[np.ndarray, np.ndarray]:
         """The neighbour table and row degrees of the graph of ``x`` (built on ``device``; only

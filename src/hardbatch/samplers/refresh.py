@@ -167,6 +167,8 @@ class RefreshPolicy:
         lag, background: pipelining (steps between a snapshot and its use; a worker thread).
         distributed, process_group: the resolved ``distributed`` flag and its group.
         threaded: builds that are not pipelined may run in the prefetch thread (``prefetch``).
+        offers_background: whether the sampler takes ``background=`` (the cost warning
+            advises it only then).
 
     Example:
         >>> import numpy as np
@@ -184,8 +186,10 @@ class RefreshPolicy:
                  name: str | None = None, first: torch.Tensor | None = None,
                  paired: EmbeddingSource | None = None, normalize: bool = False,
                  every: int | None, lag: int, background: bool, distributed: bool,
-                 process_group=None, per_epoch: bool = False, threaded: bool = False) -> None:
+                 process_group=None, per_epoch: bool = False, threaded: bool = False,
+                 offers_background: bool = True) -> None:
         self.source, self.builder, self.num_items = source, builder, num_items
+        self.offers_background = offers_background  # the sampler takes background= (advice)
         self.name = name
         self._first, self.paired, self.normalize = first, paired, normalize
         self.every, self.lag, self.per_epoch = every, lag, per_epoch
@@ -321,14 +325,16 @@ class RefreshPolicy:
             suggest = every * min(1000, max(2, math.ceil(4 * past / max(training, 1e-3))))
         cost["warned"] = True
         what = self.name or type(builder).__name__
-        cheaper = builder.cheaper_build
-        steps = "an epoch" if self.per_epoch else f"refresh_every={every} steps"
-        fix = "" if self.per_epoch else f"raise refresh_every (e.g. refresh_every={suggest}), "
+        steps = "every epoch" if self.per_epoch else f"every refresh_every={every} steps"
+        fixes = [] if self.per_epoch else [f"raise refresh_every (e.g. refresh_every={suggest})"]
+        fixes += [f"use {builder.cheaper_build}"] if builder.cheaper_build else []
+        fixes += ["background=True (with refresh_lag) to build in a worker thread off the "
+                  "training loop"] if self.offers_background and not self.background else []
+        advice = f" To change it: {', or '.join(fixes)}" if fixes else ""
         warnings.warn(
             f"{what}: rebuilding its structure from the embeddings dominates training: {found} "
-            f"({self.num_items} items, a rebuild per {steps}). To change it: {fix}use {cheaper}, "
-            "or background=True (with refresh_lag) to build in a worker thread off the "
-            "training loop", RefreshCostWarning, stacklevel=2)
+            f"({self.num_items} items, a rebuild {steps}).{advice}", RefreshCostWarning,
+            stacklevel=2)
 
     def _install(self, key: int, structure: Structure) -> Structure:
         self.structure, self.key = structure, key

@@ -153,6 +153,7 @@ class SingleSourceBatchSampler(Sampler[list[int]]):
         sizes = [len(r) for r in self.ranges]
         subs = list(dataset.datasets) if dataset is not None else [
             n if isinstance(s, (int, np.integer, range)) else s for s, n in zip(sources, sizes)]
+        given = batch_samplers is not None  # else built here, with this drop_last
         if batch_samplers is None:
             batch_samplers = self._build(subs, sizes, sampler, batch_size, drop_last)
         elif sampler is not None:
@@ -170,8 +171,10 @@ class SingleSourceBatchSampler(Sampler[list[int]]):
             if steps == 0 and self.p[i] > 0:
                 raise ValueError(
                     f"source {i} has {n} items, which give its sampler no batch (batch_size="
-                    f"{self.batch_size}, drop_last={self.drop_last}); use drop_last=False, a "
-                    f"batch_size <= {n}, weight 0 for it, or leave the source out")
+                    f"{self.batch_size}, drop_last={self.drop_last}); "
+                    + (f"build source {i}'s sampler with drop_last=False or a batch_size <= {n}"
+                       if given else f"use drop_last=False or a batch_size <= {n}")
+                    + ", give it weight 0, or leave the source out")
         self.exact = isinstance(weights, str) and temperature in (None, 1, 1.0) \
             and num_batches is None
         total = sum(self.lengths) if num_batches is None else check_int(

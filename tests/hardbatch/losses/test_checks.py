@@ -49,7 +49,9 @@ def _bad(**over):
     [
         (info_nce, _bad(positive=torch.randn(4, 5, dtype=torch.float64)), "same shape"),
         (info_nce, _bad(anchor=torch.randn(4)), "anchor must be a 2-D"),
-        (info_nce, _bad(anchor=torch.randn(1, 3), positive=torch.randn(1, 3)), "drop_last"),
+        (info_nce, _bad(anchor=torch.randn(1, 3), positive=torch.randn(1, 3)),
+         r"use drop_last=True in the batch sampler \(or in the DataLoader when it has no "
+         r"batch_sampler\)"),
         (
             info_nce,
             _bad(anchor=torch.randn(1, 3), positive=torch.randn(1, 3), negatives=torch.ones(0, 3)),

@@ -121,9 +121,10 @@ def test_faiss_absent_falls_back_to_torch(emb, monkeypatch):
     assert kmeans._faiss() is None
     batches = list(hb.ClusterBatchSampler(emb, 64, kmeans="auto"))
     assert sorted(i for b in batches for i in b) == list(range(1000))
-    with pytest.raises(ImportError, match=r"backend='faiss' needs faiss; pip install "
-                                          r"'hardbatch\[faiss\]'"):
-        list(hb.ClusterBatchSampler(emb, 64, kmeans="faiss"))
+    with pytest.raises(ImportError, match=r"kmeans='faiss' needs faiss; pip install "
+                                          r"'hardbatch\[faiss\]' or use kmeans='torch'"):
+        hb.ClusterBatchSampler(emb, 64, kmeans="faiss")  # at construction, named as passed
+    assert len(list(hb.ClusterBatchSampler(emb, 64, kmeans="torch"))) == 16  # the advice
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -149,6 +149,26 @@ def test_bad_input_names_the_parameter(emb, kw, match):
         hb.CommunityBatchSampler(emb, 64, **kw)
 
 
+def test_knn_method_checked_at_construction_and_ignored_in_cells_with_a_warning(emb):
+    with pytest.raises(ValueError, match=r"unknown knn_method 'ivf'; use one of 'auto', 'exact', "
+                                         r"'faiss', 'faiss-ivf', 'hnsw'"):
+        hb.CommunityBatchSampler(emb, 64, knn_method="ivf")
+    with pytest.warns(UserWarning, match=r"knn_method='exact' is not used: .* cells of 250 items "
+                                         r"\(cells.items\)"):
+        hb.CommunityBatchSampler(emb, 64, knn_method="exact", cells=hb.CommunityCells(items=250))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the global build uses it: no warning
+        hb.CommunityBatchSampler(emb, 64, knn_method="exact")
+
+
+def test_imbalance_is_metis_only(emb):
+    """The imbalance message's advice, partitioner='kmeans', is followable with any imbalance."""
+    with pytest.raises(ValueError, match="or partitioner='kmeans' for groups of any size"):
+        hb.CommunityBatchSampler(emb, 64, imbalance=3.0)
+    batches = list(hb.CommunityBatchSampler(emb, 64, imbalance=3.0, partitioner="kmeans"))
+    assert sorted(i for b in batches for i in b) == list(range(len(emb)))
+
+
 def test_registry_builds_it(emb):
     sampler = hb.registry.make_sampler("community", emb, 64, communities_per_batch=2, window=8)
     assert isinstance(sampler, hb.CommunityBatchSampler) and sampler.parts == 31

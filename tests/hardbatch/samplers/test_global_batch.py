@@ -138,6 +138,22 @@ def test_more_ranks_than_batches_is_rejected_naming_world_size_and_n():
     with pytest.raises(ValueError, match=r"world_size=3 needs at least 3 batches per epoch .*"
                                          r"N=5 items make 1 of batch_size=5; use N >= 11 items"):
         hb.UniformBatchSampler(5, 5, rank=0, world_size=3)
+
+
+@pytest.mark.parametrize("n,b,w,drop_last", [(10, 4, 4, False), (100, 40, 4, False),
+                                             (9, 3, 4, False), (100, 30, 4, True)])
+def test_too_few_batches_advice_gives_the_largest_batch_size_that_works(n, b, w, drop_last):
+    """The advised batch_size is the largest that gives every rank a batch of its own."""
+    import re
+
+    with pytest.raises(ValueError, match=r"batch_size <= ") as err:
+        hb.UniformBatchSampler(n, b, rank=0, world_size=w, drop_last=drop_last)
+    largest = int(re.search(r"batch_size <= (?:N // world_size = )?(\d+)",
+                            str(err.value)).group(1))
+    assert "global_batch=True" not in str(err.value)  # never possible here
+    assert len(hb.UniformBatchSampler(n, largest, rank=0, world_size=w, drop_last=drop_last)) >= 1
+    with pytest.raises(ValueError):
+        hb.UniformBatchSampler(n, largest + 1, rank=0, world_size=w, drop_last=drop_last)
     for r in range(3):  # one global batch split across the ranks instead
         assert list(hb.UniformBatchSampler(6, 2, rank=r, world_size=3, global_batch=True)) \
             == [list(hb.UniformBatchSampler(6, 6))[0][2 * r:2 * r + 2]]

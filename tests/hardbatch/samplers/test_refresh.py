@@ -328,21 +328,55 @@ def test_gcbs_sampler_with_an_order_building_in_the_background_pickles(base):
     assert got["next_epoch"] == 1 and torch.equal(got["next_order"], want["next_order"])
 
 
-@pytest.mark.parametrize("name", ["proximity", "knn", "gcbs", "cluster", "community"])
+EXACT = {"proximity": {"neighbors": 5, "candidates": 50, "graph": "knn"},
+         "knn": {"method": "exact"}, "gcbs": {"method": "exact"}, "cluster": {}, "community": {}}
+
+
+@pytest.mark.parametrize("name", list(EXACT))
 def test_cheaper_build_advice_names_options_the_sampler_accepts(name):
     """The rebuild-cost warning quotes ``builder.cheaper_build``: every ``option=value`` it
     advises (the first one per option; "instead of the exact graph='knn'" names the current
-    setting) is accepted by that sampler's constructor and gives full batches."""
+    setting) is accepted by that sampler's constructor, gives full batches and changes the
+    build: the new builder does not give the same advice again."""
     import re
 
     from hardbatch import registry
 
     x = np.random.default_rng(0).standard_normal((400, 8)).astype(np.float32)
-    base = {"proximity": {"neighbors": 5, "candidates": 50, "graph": "knn"}}.get(name, {})
-    advice = registry.make_sampler(name, x, 8, **base).refresh_policy.builder.cheaper_build
+    advice = registry.make_sampler(name, x, 8, **EXACT[name]).refresh_policy.builder.cheaper_build
     options = {}
     for key, value in re.findall(r"(\w+)=('[^']*'|\w+\([^)]*\)|\d+)", advice):
         options.setdefault(key, eval(value, {"CommunityCells": hb.CommunityCells}))
     assert options, f"{name}: no option=value in the advice {advice!r}"
-    batches = list(registry.make_sampler(name, x, 8, **{**base, **options}))
+    followed = registry.make_sampler(name, x, 8, **{**EXACT[name], **options})
+    batches = list(followed)
     assert len(batches) == 50 and all(len(b) == 8 for b in batches)
+    assert followed.refresh_policy.builder.cheaper_build != advice
+
+
+def cost_warning(sampler) -> str:
+    """The rebuild-cost warning of ``sampler`` after two slow builds (1 s per step) and no
+    training time between them."""
+    from hardbatch.samplers.refresh import RefreshCostWarning
+
+    policy = sampler.refresh_policy
+    with pytest.warns(RefreshCostWarning) as caught:
+        policy._watch_cost(policy.every * 1.0, True)
+        policy._watch_cost(policy.every * 1.0, True)
+    return str(caught[0].message)
+
+
+def test_cost_warning_advises_only_what_the_sampler_takes():
+    """KNNBatchSampler has no ``background=``: its warning does not advise it; a sampler
+    already on the cheaper build is not told to use it; the exact builds are."""
+    x = np.random.default_rng(0).standard_normal((400, 8)).astype(np.float32)
+    knn = cost_warning(hb.KNNBatchSampler(x, 8, refresh_every=10, method="exact"))
+    assert "method='faiss-ivf'" in knn and "background" not in knn
+    with pytest.raises(TypeError, match="background"):
+        hb.KNNBatchSampler(x, 8, refresh_every=10, background=True)
+    exact = cost_warning(hb.ProximityGraphSampler(x, 8, neighbors=5, candidates=50,
+                                                  graph="knn", refresh_every=10))
+    assert "use graph='proximity'" in exact and "background=True" in exact
+    approx = cost_warning(hb.ProximityGraphSampler(x, 8, neighbors=5, candidates=50,
+                                                   graph="proximity", refresh_every=10))
+    assert "graph='proximity'" not in approx and "raise refresh_every" in approx

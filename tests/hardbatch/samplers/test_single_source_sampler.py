@@ -144,7 +144,8 @@ def test_bad_input_names_the_parameter_and_the_fix(kwargs, match):
 
 
 def test_bad_sources_and_sampler_counts():
-    with pytest.raises(ValueError, match="source 1 has 3 items, which give its sampler no batch"):
+    with pytest.raises(ValueError, match="source 1 has 3 items, which give its sampler no batch "
+                                         r".*; build source 1's sampler with drop_last=False"):
         SingleSourceBatchSampler(sources=[10, 3], batch_samplers=[
             BatchSampler(SequentialSampler(range(10)), 4, True),
             BatchSampler(SequentialSampler(range(3)), 4, True)])

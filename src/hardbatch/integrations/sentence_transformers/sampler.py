@@ -351,10 +351,14 @@ def texts_error(err: ValueError, keys) -> ValueError:
 
     Example:
         >>> from hardbatch.integrations.sentence_transformers import texts_error
-        >>> "no_duplicates=False" in str(texts_error(ValueError("duplicate_keys: ..."), None))
-        True
+        >>> err = texts_error(ValueError("duplicate_keys: ...; use batch_size <= 3, keys that "
+        ...                              "tell more items apart, or duplicate_keys=None"), None)
+        >>> "no_duplicates=False" in str(err), "duplicate_keys=None" in str(err)
+        (True, False)
     """
+    # duplicate_keys=None means "the texts" here: the library check's last remedy does not apply
+    message = str(err).replace(", or duplicate_keys=None", "")
     return ValueError(
-        f"{err} [here the keys are the rows' texts (columns {getattr(keys, 'columns', '?')}): "
+        f"{message} [here the keys are the rows' texts (columns {getattr(keys, 'columns', '?')}): "
         "'items' are rows, and rows sharing a text never share a batch; choose the columns "
         "that count with duplicate_columns=[...], or turn this off with no_duplicates=False]")

@@ -129,9 +129,10 @@ def _initial_embeddings(initial, n: int) -> torch.Tensor:
     return x / x.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
-def column_texts(dataset, text_column: str | None) -> list[str]:
+def column_texts(dataset, text_column: str | None, name: str = "text_column=...") -> list[str]:
     """The texts of ``dataset``'s column ``text_column`` (None: its first column), checked to be
-    strings; ``ValueError`` naming the columns otherwise.
+    strings; ``ValueError`` naming the columns otherwise, and advising the caller's parameter
+    ``name`` (e.g. ``plan_files``' ``column=...``).
 
     Example:
         >>> import datasets
@@ -144,7 +145,7 @@ def column_texts(dataset, text_column: str | None) -> list[str]:
         names = getattr(dataset, "column_names", None)
         if not names:
             raise ValueError(
-                "the dataset has no column_names: pass a datasets.Dataset or text_column=..."
+                f"the dataset has no column_names: pass a datasets.Dataset or {name}"
             )
         text_column = names[0]
     try:
@@ -158,7 +159,7 @@ def column_texts(dataset, text_column: str | None) -> list[str]:
     if texts and not isinstance(texts[0], str):
         raise ValueError(
             f"column {text_column!r} must hold texts, got {type(texts[0]).__name__}; "
-            "pass text_column=... naming a text column"
+            f"pass {name} naming a text column"
         )
     return texts
 
