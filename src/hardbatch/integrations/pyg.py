@@ -57,7 +57,8 @@ ITEM_KEY = "item_id"
 class IndexedGraphDataset(torch.utils.data.Dataset):
     """Wraps a PyG dataset (or a list of ``Data``) so that graph ``i`` carries ``item_id = i``.
 
-    Items are shallow copies: the wrapped dataset's graphs are not modified.
+    Items are shallow copies: the wrapped dataset's graphs are not modified. ``key``: the
+    attribute's name (default ``"item_id"``).
 
     Example:
         >>> import torch
@@ -95,7 +96,8 @@ class IndexedGraphDataset(torch.utils.data.Dataset):
 
 
 def update_bank(bank, batch, embeddings: torch.Tensor, key: str = ITEM_KEY) -> None:
-    """``bank.update(batch.item_id, embeddings)`` for a PyG ``Batch`` of an indexed dataset.
+    """``bank.update(batch.item_id, embeddings)`` for a PyG ``Batch`` of an indexed dataset
+    (``key``: the ids' attribute, as given to :class:`IndexedGraphDataset`).
 
     Example:
         >>> import hardbatch as hb
@@ -130,7 +132,8 @@ def graph_embeddings(
     """Graph-level embeddings ``[N, d]`` of every graph in ``dataset``, in dataset order.
 
     ``model(batch)`` must return ``[num_graphs, d]`` for a PyG ``Batch``. Runs in eval mode
-    (training mode restored) without gradients; returns a float32 CPU tensor.
+    (training mode restored) without gradients; returns a float32 CPU tensor. ``batch_size``
+    graphs per forward pass, on ``device``, loaded by ``num_workers`` DataLoader workers.
 
     Example:
         >>> import torch
@@ -170,7 +173,8 @@ def graph_embeddings(
 def embedding_source(
     model: nn.Module, dataset, batch_size: int = 256, device: str | torch.device = "cpu"
 ) -> Callable[[], torch.Tensor]:
-    """A callable embedding source for samplers: a fresh :func:`graph_embeddings` pass per call.
+    """A callable embedding source for samplers: a fresh :func:`graph_embeddings` pass per call
+    (``model``, ``dataset``, ``batch_size``, ``device``: as there).
 
     Example:
         >>> import torch

@@ -58,7 +58,8 @@ def load_order(state: dict) -> np.ndarray | None:
 
 
 class PartitionSampler(EmbeddingSampler):
-    """An embedding sampler whose epoch is a partition of the items, rebuilt every epoch.
+    """An embedding sampler whose epoch is a partition of the items, rebuilt every epoch
+    (arguments: as :class:`~hardbatch.samplers.EmbeddingSampler`).
 
     Subclasses inject the :class:`~hardbatch.samplers.refresh.Builder` of their epoch's
     structure into the refresh policy in their constructor (``self.refresh_policy.builder =

@@ -164,8 +164,9 @@ def gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.
             (docs/gcbs.md). Default None: ``min(16, N - 1)``; 0: the paper's graph.
         seed: seeds the quantile sample and the random relabelling that breaks
             ties in reverse Cuthill-McKee (so epochs with equal embeddings differ).
-        nlist, nprobe: inverted lists (default sqrt(N)) and lists probed per list
-            (positive integers; ``nprobe >= nlist`` probes every list).
+        nlist, nprobe: inverted lists (default sqrt(N) for ``"ivf"``, ``min(N / 39,
+            4 sqrt(N))`` for ``"faiss"``) and lists probed per list (positive integers;
+            ``nprobe >= nlist`` probes every list).
         partitions: cells of ``"partition"`` (default ceil(N / 100,000); with
             ``method="auto"``: ceil(N / 2,500)).
         device: where the products run (``"cuda"``: threshold, pairs; the ordering

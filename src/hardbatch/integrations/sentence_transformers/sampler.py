@@ -74,7 +74,7 @@ class HardNegativeBatchSampler(Sampler[list[int]]):
             encoding pass (rows are L2-normalised here). Later refreshes encode with the model.
         candidates, neighbors, restart: proximity-graph M, K and RWR restart probability;
             defaults follow BatchSampler's advice for pre-trained language models (alpha 0.7,
-            K up to 500, M up to 1000), capped to fit small datasets (M < N/2, K < M/2).
+            K up to 500, M up to 1000), capped to fit small datasets (M <= N/2, K <= M/2).
         show_progress_bar: bars over encoding passes and graph builds that run past 2 s
             (None, the default: when stderr is a terminal; True; False).
         no_duplicates: (default True) no text appears twice in a batch, as with

@@ -32,13 +32,15 @@ ENCODE_CHUNK_BATCHES = 32  # model.encode calls of this many batches each, for t
 class TextEmbeddingSource:
     """A callable embedding source: the current model's unit-norm embeddings of ``texts``.
 
-    ``source()`` returns a float32 CPU tensor ``[N, d]``; ``calls`` counts the encoding passes.
+    ``source()`` returns a float32 CPU tensor ``[N, d]``; ``calls`` counts the encoding passes;
+    ``batch_size`` is ``model.encode``'s batch size (default 64).
     ``initial`` (``[N, d]`` tensor or array, e.g. the starting model's embeddings computed once
     and cached) is returned by the first call instead of encoding; later calls encode.
 
     ``shard`` (default None: on when torch.distributed is initialised with more than one
     process): each process encodes its contiguous 1/W of the texts and the rows are
-    all-gathered (:func:`hardbatch.distributed.all_gather_rows`), so a refresh costs 1/W of
+    all-gathered (:func:`hardbatch.distributed.all_gather_rows`, over ``process_group``,
+    None: the default group), so a refresh costs 1/W of
     an encoding pass per process. Every process must then call ``source()`` at the same
     step (the samplers do: every process iterates the same global plan).
 
