@@ -100,13 +100,13 @@ class EmbeddingSampler(PlanSampler):
                              "builds then use a process group of their own, off the training "
                              "loop's thread); pass background=True or prefetch=0")
         self.normalize = bool(normalize)
+        options_type = getattr(type(self), "Options", None)  # a subclass's own: all options
         self.refresh_policy = RefreshPolicy(  # its builder: injected by the concrete sampler
             embeddings, None, n, name=type(self).__name__, first=first, paired=paired,
             normalize=self.normalize, every=every, lag=lag, background=background,
             distributed=bool(distributed), process_group=process_group,
             per_epoch=self._per_epoch, threaded=bool(self.prefetch),
-            offers_background="background" in getattr(type(self), "Options",
-                                                      {"background": bool}).__annotations__)
+            offers_background=options_type is None or "background" in options_type.__annotations__)
 
     def _schedule(self, every: int | None, lag: int) -> int | None:
         """The refresh period the policy uses, checked against ``lag``."""
