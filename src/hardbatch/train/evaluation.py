@@ -19,7 +19,8 @@ __all__ = ["embed", "evaluate", "knn_accuracy", "linear_probe_accuracy"]
 @torch.no_grad()
 def embed(module: nn.Module, x: torch.Tensor, batch_size: int = 1024,
           device: str | torch.device = "cpu") -> torch.Tensor:
-    """``module(x)`` in eval mode and chunks, as a float32 CPU tensor (training mode restored).
+    """``module(x)`` in eval mode and chunks of ``batch_size`` rows on ``device``, as a float32
+    CPU tensor (training mode restored).
 
     Example:
         >>> import torch
@@ -47,7 +48,8 @@ def knn_accuracy(train_features: torch.Tensor, train_labels: torch.Tensor,
     """Weighted kNN accuracy (Wu et al. 2018 InstDisc; the SimCLR / MoCo kNN monitor).
 
     Cosine similarities of each test feature to the training features; the ``k`` nearest vote
-    for their class with weight ``exp(s / temperature)``.
+    for their class with weight ``exp(s / temperature)``; ``chunk`` test rows per block of
+    similarities.
 
     Example:
         >>> from hardbatch.train import knn_accuracy
@@ -79,7 +81,8 @@ def linear_probe_accuracy(train_features: torch.Tensor, train_labels: torch.Tens
                           weight_decay: float = 1e-4, max_iter: int = 100) -> float:
     """Accuracy of multinomial logistic regression on frozen features (full-batch L-BFGS).
 
-    Features are standardised with the training mean / std; deterministic (zero init).
+    Features are standardised with the training mean / std; deterministic (zero init);
+    ``weight_decay``: the L2 penalty, ``max_iter``: L-BFGS iterations.
 
     Example:
         >>> import torch
@@ -121,7 +124,9 @@ def evaluate(encoder: nn.Module, train_x: torch.Tensor, train_y: torch.Tensor,
              batch_size: int = 1024, device: str | torch.device = "cpu",
              probe: bool = True) -> dict:
     """kNN and linear-probe accuracy of ``encoder``'s frozen features (train -> test);
-    ``probe=False``: kNN accuracy only.
+    ``probe=False``: kNN accuracy only. ``k``, ``temperature``: as :func:`knn_accuracy`;
+    ``probe_weight_decay``, ``probe_max_iter``: :func:`linear_probe_accuracy`'s
+    ``weight_decay``, ``max_iter``; ``batch_size``, ``device``: as :func:`embed`.
 
     Example:
         >>> import torch
