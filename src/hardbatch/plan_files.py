@@ -79,8 +79,7 @@ def load_embeddings(embeddings, *, column: str | None = None, model=None,
     file or a ``.parquet`` file's list ``column``; with ``model`` (a ``SentenceTransformer``, or
     a name or path to load one; imported lazily), the model's unit-norm embeddings of the texts
     in ``embeddings``: a list of strings, or a ``datasets.Dataset`` / ``.parquet`` file and its
-    text ``column`` (default: a dataset's first column), encoded ``encode_batch_size`` texts at
-    a time (``model.encode``'s batch size).
+    text ``column`` (default: a dataset's first column), ``encode_batch_size`` per encode batch.
 
     Example:
         >>> import tempfile, numpy as np
@@ -179,11 +178,9 @@ def write_plan(path, embeddings, sampler: str, batch_size: int, *, options: dict
     """Write the batches of the registry sampler ``sampler`` over ``embeddings``, every epoch
     and rank, to the Parquet file ``path`` (atomically); returns the :class:`Plan`.
 
-    ``embeddings``, ``column``, ``model``, ``encode_batch_size``: see :func:`load_embeddings`
-    (an array, a file, a Parquet column, or texts a sentence-transformers model encodes).
-    ``batch_size``: each rank's batch size; ``epochs``: epochs written (0 .. epochs - 1);
-    ``world_size``, ``seed``: the ranks and the sampler's seed. ``options``: the sampler's own
-    (``drop_last``, ``candidates``, ...; ``seed`` and ``world_size`` are arguments here).
+    ``embeddings``, ``column``, ``model``, ``encode_batch_size``: see :func:`load_embeddings`.
+    ``batch_size``: a rank's; ``epochs``: 0 .. epochs - 1; ``world_size``, ``seed``: the ranks,
+    the sampler's seed. ``options``: the sampler's own (``drop_last``, ``candidates``, ...).
     The batches are exactly those the sampler yields on each rank.
 
     Example:
@@ -204,8 +201,7 @@ def write_plan(path, embeddings, sampler: str, batch_size: int, *, options: dict
     fixed = [k for k in ("seed", "rank", "world_size") if k in options]
     if fixed:
         raise ValueError(f"options hold {', '.join(fixed)}: pass seed= and world_size= to "
-                         "write_plan itself (hardbatch plan --seed / --world-size; it writes "
-                         "the batches of every rank)")
+                         "write_plan itself (hardbatch plan --seed / --world-size)")
     pyarrow_modules()  # before the embeddings and the sampler's build
     x = load_embeddings(embeddings, column=column, model=model,
                         encode_batch_size=encode_batch_size)
@@ -228,9 +224,8 @@ def write_batches(path, batches, *, num_rows: int, batch_size: int, sampler: str
 
     ``batches``: one list of batches (row ids) per epoch, every epoch the same number of
     batches (the format's ``steps_per_epoch``), for one process (``world_size=1``: the global
-    plan that accelerate shards in ``SentenceTransformerTrainer``). ``num_rows``: N, the rows
-    of the dataset the ids index; ``batch_size``: the largest batch (each holds 1 to
-    ``batch_size`` ids in 0 .. N - 1). ``sampler``, ``seed``,
+    plan that accelerate shards in ``SentenceTransformerTrainer``). ``num_rows``, ``batch_size``:
+    N and the largest batch (each holds 1 to batch_size ids in 0 .. N - 1). ``sampler``, ``seed``,
     ``options``: what produced them (stored as given). ``embeddings``: optional, those the
     sampler planned from (their SHA-256 is stored; else ``embeddings_sha256`` is None).
     ``run``: optional JSON-able facts about the run (stored under the metadata key ``run``,
@@ -471,7 +466,7 @@ def write_in_plan_order(dataset, plan, path, *, epochs=None, rank: int = 0) -> n
     """Write ``dataset`` (a ``datasets.Dataset``) with its rows in rank ``rank``'s plan order of
     ``epochs`` (an int, a list; None: all), epoch after epoch, to ``path`` (``.parquet``,
     ``.jsonl`` / ``.json``, ``.csv``; atomically), for trainers that read rows in order, in
-    batches of the plan's ``batch_size`` (``plan.batch_size``); returns the row ids. Only the file's last batch may be short.
+    batches of ``plan.batch_size``; returns the row ids. Only the file's last batch may be short.
 
     Example:
         >>> import tempfile, datasets, numpy as np
