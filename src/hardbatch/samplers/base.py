@@ -107,6 +107,10 @@ def _shown(value) -> str:
 class PlanSampler(Sampler[list[int]]):
     """Base: a global per-epoch plan of batches, generated in order, split across ranks.
 
+    Arguments: ``num_items`` (N) and ``batch_size`` (B), then the shared options
+    (``drop_last``, ``seed``, ``rank``, ``world_size``, ``global_batch``, ``duplicate_keys``,
+    ``prefetch``): :class:`~hardbatch.samplers.options.PlanOptions` and its module's table.
+
     Every rank generates all W batches of each of its steps (the plan is global), so
     the batches planned or yielded but not yet trained on are kept as whole steps: a
     checkpoint of any rank holds them for every rank.

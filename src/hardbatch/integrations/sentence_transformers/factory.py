@@ -141,7 +141,8 @@ def hard_negative_batch_sampler(
 
 
 class HardNegativeBatchSamplerFactory:
-    """The callable returned by :func:`hard_negative_batch_sampler` (build it through that).
+    """The callable returned by :func:`hard_negative_batch_sampler` (build it through that;
+    its arguments are that function's).
 
     A class rather than a closure so that ``SentenceTransformerTrainingArguments`` holding it can
     be pickled: the trainer saves its arguments with every checkpoint (``torch.save(args)``).
