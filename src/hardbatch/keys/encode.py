@@ -30,8 +30,12 @@ import torch
 
 from .membership import free_of, item_keys, single_key_csr
 
-__all__ = ["DuplicateKeys", "compact_key_ids", "encode_keys", "factorize", "factorize_columns",
-           "key_sets", "set_keys", "value_key"]
+__all__ = ["KEYS_OFF", "DuplicateKeys", "compact_key_ids", "encode_keys", "factorize",
+           "factorize_columns", "key_sets", "set_keys", "value_key"]
+
+#: The last remedy of every infeasible-keys message (integrations where None means something
+#: else drop it: :func:`hardbatch.integrations.sentence_transformers.texts_error`).
+KEYS_OFF = ", or duplicate_keys=None"
 
 
 def value_key(value):

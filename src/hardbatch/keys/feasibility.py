@@ -21,7 +21,7 @@ import heapq
 import numpy as np
 
 from .. import _rng
-from .encode import DuplicateKeys
+from .encode import KEYS_OFF, DuplicateKeys
 from .repair import partition_capacities, separate_keys
 
 __all__ = ["check_partition_keys", "check_walk_keys", "closed_neighbourhood_bound",
@@ -47,12 +47,12 @@ def check_walk_keys(keys: DuplicateKeys, batch_size: int) -> None:
         raise ValueError(
             f"duplicate_keys: only {found} items that pairwise share no key were found for "
             f"batches of {batch_size} items ({keys.worst()}); use batch_size <= {found}, "
-            "keys that tell more items apart, or duplicate_keys=None")
+            f"keys that tell more items apart{KEYS_OFF}")
     if keys.classes < batch_size:
         raise ValueError(
             f"duplicate_keys leave only {keys.classes} distinct keys for batches of "
             f"{batch_size} items with no key twice ({keys.worst()}); use batch_size <= "
-            f"{keys.classes}, keys that tell more items apart, or duplicate_keys=None")
+            f"{keys.classes}, keys that tell more items apart{KEYS_OFF}")
 
 
 def _after_drop(counts: np.ndarray, drop: int) -> np.ndarray:

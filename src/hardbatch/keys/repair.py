@@ -21,7 +21,7 @@ import heapq
 import numpy as np
 from numba import njit
 
-from .encode import DuplicateKeys
+from .encode import KEYS_OFF, DuplicateKeys
 
 __all__ = ["greedy_partition", "partition_capacities", "separate_keys"]
 
@@ -194,7 +194,7 @@ def separate_keys(order: np.ndarray, kept: int, batch_size: int,
         raise ValueError(
             f"duplicate_keys: the items could not be put into batches of batch_size="
             f"{batch_size} with no two of them sharing a key ({keys.worst()}); use a smaller "
-            "batch_size, keys that tell more items apart, or duplicate_keys=None")
+            f"batch_size, keys that tell more items apart{KEYS_OFF}")
     return out
 
 

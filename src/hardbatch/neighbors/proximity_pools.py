@@ -285,13 +285,14 @@ def check_graph_sizes(candidates: int, neighbors: int, num_items: int, *,
         raise ValueError(f"neighbors={k} must be smaller than candidates={m}; raise candidates "
                          "or lower neighbors")
     if m >= n:
+        fewer = min(n - 1, max(k + 1, n // 2))  # candidates between neighbors and N
         if flags:
-            fix = (f"use e.g. --candidates {min(n - 1, max(k + 1, n // 2))}" if k + 1 < n else
+            fix = (f"use e.g. --candidates {fewer}" if k + 1 < n else
                    f"lower --neighbors below N - 1 = {n - 1} and --candidates between them")
             raise ValueError(f"--candidates {m} must be smaller than the number of items N={n}; "
                              f"{fix} (the paper uses 500 for small data sets, 1000 for large "
                              "ones)")
-        fix = (f"lower candidates (e.g. {min(n - 1, max(k + 1, n // 2))})" if k + 1 < n else
+        fix = (f"lower candidates (e.g. {fewer})" if k + 1 < n else
                f"lower neighbors below N - 1 = {n - 1} and candidates between neighbors and N "
                "(or use a kNN graph)")
         raise ValueError(f"candidates={m} must be smaller than the number of items N={n}; {fix}")

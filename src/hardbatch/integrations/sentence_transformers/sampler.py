@@ -23,7 +23,7 @@ from ..._logging import get_logger
 from ..._validation import check_generator
 from ...registry import canonical_sampler, make_sampler, sampler_class, sampler_names
 from ...samplers import EmbeddingSampler
-from ...keys.encode import encode_keys
+from ...keys.encode import KEYS_OFF, encode_keys
 from ...keys.feasibility import check_partition_keys, check_walk_keys
 from ...samplers.options import sampler_parameters
 from .resume import EpochProgress
@@ -357,7 +357,7 @@ def texts_error(err: ValueError, keys) -> ValueError:
         (True, False)
     """
     # duplicate_keys=None means "the texts" here: the library check's last remedy does not apply
-    message = str(err).replace(", or duplicate_keys=None", "")
+    message = str(err).replace(KEYS_OFF, "")
     return ValueError(
         f"{message} [here the keys are the rows' texts (columns {getattr(keys, 'columns', '?')}): "
         "'items' are rows, and rows sharing a text never share a batch; choose the columns "
