@@ -10,7 +10,7 @@
 # Env (required): S_IB (the hardness strength of `hardness`, in_batch_negatives), S_ALL (of the
 #      mined arms, all_negatives), B3 (hardbatch | authors: the community configuration that
 #      won over the mined triplets).
-# Env (optional): STAGES ("confirm epoch"), WORKERS (2), CONFIRM_SEEDS ("1 2 3 4 5"),
+# Env (optional): HARDBATCH_CACHE (results/code_search/cache), STAGES ("confirm epoch"), WORKERS (2), CONFIRM_SEEDS ("1 2 3 4 5"),
 #      EPOCH_SEEDS ("1 2 3"), CONFIRM_OUT (results/code_search/confirm: beside wave 1's runs,
 #      whose default, mined and community+mined are the bases), EPOCH_OUT
 #      (results/code_search/epoch), EPOCH_ARMS (extra arms of the full epoch, e.g. the best new
@@ -23,6 +23,9 @@ for v in S_IB S_ALL B3; do
 done
 [[ "$B3" == hardbatch || "$B3" == authors ]] || { echo "codesearch_wave2.sh: B3 must be hardbatch or authors, not '$B3'" >&2; exit 2; }
 export WORKERS=${WORKERS:-2}
+# the mined negatives' cache is committed (results/code_search/cache, .gitignore says what is
+# kept): a fresh machine skips the 28-minute mining; every run still charges its recorded cost
+export HARDBATCH_CACHE=${HARDBATCH_CACHE:-results/code_search/cache}
 community=(--community-config "$B3")
 status=0
 grid() {  # grid OUT SEEDS EVAL ARMS EXTRA... : one call of the resumable grid
