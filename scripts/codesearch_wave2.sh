@@ -10,8 +10,8 @@
 # Env (required): S_IB (the hardness strength of `hardness`, in_batch_negatives), S_ALL (of the
 #      mined arms, all_negatives), B3 (hardbatch | authors: the community configuration that
 #      won over the mined triplets).
-# Env (optional): HARDBATCH_CACHE (results/code_search/cache), STAGES ("confirm epoch"), WORKERS (2), CONFIRM_SEEDS ("1 2 3 4 5"),
-#      EPOCH_SEEDS ("1 2 3"), CONFIRM_OUT (results/code_search/confirm: beside wave 1's runs,
+# Env (optional): HARDBATCH_CACHE (results/code_search/cache), STAGES ("confirm epoch"),
+#      WORKERS (2), CONFIRM_SEEDS ("1 2 3 4 5"), EPOCH_SEEDS ("1 2 3"), CONFIRM_OUT (results/code_search/confirm: beside wave 1's runs,
 #      whose default, mined and community+mined are the bases), EPOCH_OUT
 #      (results/code_search/epoch), EPOCH_ARMS (extra arms of the full epoch, e.g. the best new
 #      arm if it beat both at 150 steps).
