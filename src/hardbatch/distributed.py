@@ -38,10 +38,11 @@ import torch
 import torch.distributed as dist
 
 from ._device import shard_range
+from ._validation import check_int
 
 __all__ = ["all_gather_ints", "all_gather_rows", "all_gather_rows_with_grad",
            "broadcast_from_first", "get_rank_world", "is_distributed", "rank_share",
-           "sync_bank_update"]
+           "resolve_rank_world", "sync_bank_update"]
 
 
 def is_distributed(group=None) -> bool:
@@ -67,6 +68,26 @@ def get_rank_world(group=None) -> tuple[int, int]:
     if not (dist.is_available() and dist.is_initialized()):
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
+
+
+def resolve_rank_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """A sampler's ``(rank, world_size)`` checked; None takes torch.distributed's
+    (:func:`get_rank_world`: 0 and 1 without it).
+
+    Example:
+        >>> from hardbatch.distributed import resolve_rank_world
+        >>> resolve_rank_world(), resolve_rank_world(1, 4)
+        ((0, 1), (1, 4))
+    """
+    if rank is None or world_size is None:
+        dist_rank, dist_world = get_rank_world()
+        rank = dist_rank if rank is None else rank
+        world_size = dist_world if world_size is None else world_size
+    world_size = check_int(world_size, "world_size", low=1)
+    rank = check_int(rank, "rank", low=0)
+    if rank >= world_size:
+        raise ValueError(f"rank={rank} must be smaller than world_size={world_size}")
+    return rank, world_size
 
 
 def _comm_device(group=None) -> torch.device:

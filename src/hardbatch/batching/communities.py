@@ -20,6 +20,8 @@ Arrays in, arrays out; the samplers :class:`~hardbatch.samplers.ClusterBatchSamp
 * :func:`group_order`: one epoch's partition into batches of whole groups: groups in random
   order, each batch drawing from ``groups_per_batch`` groups; a group that runs out mid-batch is
   continued by the next group of the order (the fill);
+* :func:`dropped_last`: which items ``drop_last`` leaves out (a seeded random choice), the one
+  rule of :func:`group_order`, :func:`trimmed_order` and GCBS's orders;
 * :func:`separate_pairs` (:mod:`hardbatch.batching.pair_separation`): moves one item of every pair of a
   sparse graph (B3's skipped top ranks) that shares a batch to another batch;
   :func:`pairs_in_batches` counts such pairs.
@@ -41,7 +43,7 @@ from .metis_partition import check_imbalance, metis_output_caught, metis_parts, 
     require_metis
 from .pair_separation import pairs_in_batches, separate_pairs
 
-__all__ = ["cell_order", "community_cells", "community_labels", "group_order",
+__all__ = ["cell_order", "community_cells", "community_labels", "dropped_last", "group_order",
            "groups_per_batch", "pairs_in_batches", "rank_graph", "require_metis",
            "separate_pairs", "spherical_clusters", "trimmed_order"]
 
@@ -49,6 +51,37 @@ FLAT_CLUSTERS = 256  # above: two-level k-means (coarse cells of about sqrt(k) c
 PARTITIONERS = ("metis", "kmeans")
 EDGES = ("union", "mutual")  # ours; B3's authors' (spectral_clustering4_ibn.py)
 CELL_BATCHES = 2  # community_cells: cells of about 2 batches (what one noisy edge moves)
+
+
+def dropped_last(order, drop: int, seed: int) -> np.ndarray:
+    """``order`` with a seeded random choice of ``drop`` of its places moved to its end, the
+    others in their order: the items ``drop_last`` leaves out of an epoch (the places: the
+    first ``drop`` of the portable permutation of ``len(order)`` for ``seed``; a new seed per
+    epoch gives a new choice). ``order`` itself when ``drop`` is 0.
+
+    Example:
+        >>> import numpy as np
+        >>> from hardbatch.batching.communities import dropped_last
+        >>> out = dropped_last(np.arange(10), 3, seed=0)
+        >>> sorted(out.tolist()) == list(range(10)), bool((np.diff(out[:7]) > 0).all())
+        (True, True)
+    """
+    order = np.asarray(order)
+    drop = check_int(drop, "drop", low=0, high=len(order))
+    if not drop:
+        return order
+    keep = np.ones(len(order), bool)
+    keep[_rng.permutation(len(order), seed)[:drop]] = False
+    return np.concatenate([order[keep], order[~keep]])
+
+
+def _check_groups_per_batch(value, batch_size: int) -> int:
+    value = check_int(value, "groups_per_batch", low=1)
+    if value > batch_size:
+        raise ValueError(f"groups_per_batch={value} must be <= {batch_size}, the batch_size "
+                         "(each group gives a batch at least one item); use groups_per_batch "
+                         f"<= {batch_size}")
+    return value
 
 
 def spherical_clusters(embeddings, k: int, *, seed: int = 0, iters: int = 10,
@@ -282,7 +315,7 @@ def cell_order(labels, cells, batch_size: int, groups_per_batch: int = 1, *, see
     """
     labels, cells = np.asarray(labels, np.int64), np.asarray(cells, np.int64)
     n, b = labels.shape[0], check_int(batch_size, "batch_size", low=1)
-    k = check_int(groups_per_batch, "groups_per_batch", low=1, high=b)
+    k = _check_groups_per_batch(groups_per_batch, b)
     q, extra, full = b // k, b % k, n // b
     counts = np.bincount(cells, minlength=1)
     members = np.argsort(cells, kind="stable")
@@ -330,7 +363,8 @@ def group_order(labels, batch_size: int, groups_per_batch: int = 1, *, seed: int
     continued by the next group of the lane (the fill), so only the batches cut from leftovers
     hold more than c groups (at most one extra group per group end). The full batches are then
     visited in random order and the short last batch (N mod B items) comes last. ``drop``
-    items (a random choice) are left out and placed at the end (``drop_last``).
+    items (a random choice, :func:`dropped_last`) are left out and placed at the end
+    (``drop_last``). ``groups_per_batch`` is at most ``batch_size``.
 
     Returns:
         int64 ``[N]``: a permutation; batch i is ``order[i * B:(i + 1) * B]`` of the first
@@ -346,12 +380,10 @@ def group_order(labels, batch_size: int, groups_per_batch: int = 1, *, seed: int
     """
     labels = np.asarray(labels, np.int64)
     n = labels.shape[0]
-    b, c = check_int(batch_size, "batch_size", low=1), check_int(groups_per_batch,
-                                                                 "groups_per_batch", low=1)
-    keep = np.ones(n, bool)
-    if drop:
-        keep[_rng.permutation(n, _rng.derive_seed(seed, 3))[:drop]] = False
-    items = np.flatnonzero(keep)
+    b = check_int(batch_size, "batch_size", low=1)
+    c = _check_groups_per_batch(groups_per_batch, b)
+    items = dropped_last(np.arange(n, dtype=np.int64), drop, _rng.derive_seed(seed, 3))
+    dropped, items = items[n - drop:], items[:n - drop]
     items = items[_rng.permutation(len(items), _rng.derive_seed(seed, 1))]
     rank = _rng.permutation(int(labels.max()) + 1, _rng.derive_seed(seed, 0))
     stream = items[np.argsort(rank[labels[items]], kind="stable")]
@@ -382,11 +414,11 @@ def group_order(labels, batch_size: int, groups_per_batch: int = 1, *, seed: int
     visit[full] = full
     order = np.empty(n, np.int64)
     order[visit[batch_of] * b + place] = stream
-    order[kept:] = np.flatnonzero(~keep)
+    order[kept:] = dropped
     return order
 
 
-def trimmed_order(labels, size: int, *, seed: int | None = None) -> np.ndarray:
+def trimmed_order(labels, size: int, *, seed: int | None = None, drop: int = 0) -> np.ndarray:
     """Chunks of exactly ``size`` items from parts of about ``size``, as B3's authors cut them.
 
     The parts, largest first (ties: the one with the smallest item first), give their items
@@ -394,7 +426,10 @@ def trimmed_order(labels, size: int, *, seed: int | None = None) -> np.ndarray:
     last items. The chunks follow in the order of their smallest items (``seed=None``, the
     authors' file order) or a random order (``seed``); then the pool (``N mod size`` items for
     ``N // size`` parts; at most that many parts). Returns an int64 ``[N]`` order: chunk i is
-    ``order[i * size:(i + 1) * size]``, the short rest last.
+    ``order[i * size:(i + 1) * size]``, the short rest last. ``drop`` (``drop_last``; needs
+    ``seed``): that many items, a random choice (:func:`dropped_last`), are left out before
+    the trimming and placed at the end; the other ``N - drop`` items are trimmed as above
+    (at most ``(N - drop) // size`` parts among them).
 
     Example:
         >>> import numpy as np
@@ -403,11 +438,21 @@ def trimmed_order(labels, size: int, *, seed: int | None = None) -> np.ndarray:
         [0, 1, 2, 4, 5, 3, 6]
     """
     labels, size = np.asarray(labels, np.int64), check_int(size, "size", low=1)
+    drop = check_int(drop, "drop", low=0, high=labels.shape[0])
+    if drop and seed is None:
+        raise ValueError(f"drop={drop} leaves out a seeded random choice of the items; pass "
+                         "seed= (a new one per epoch) or drop=0")
+    every = dropped_last(np.arange(labels.shape[0], dtype=np.int64), drop,
+                         _rng.derive_seed(seed, 3) if drop else 0)
+    kept, dropped = every[:len(every) - drop], every[len(every) - drop:]  # kept: ascending
+    labels = labels[kept] if drop else labels
     n, counts = labels.shape[0], np.bincount(labels, minlength=1)
     members, start = np.argsort(labels, kind="stable"), np.concatenate([[0], np.cumsum(counts)])
     if len(parts := np.flatnonzero(counts)) > n // size:
-        raise ValueError(f"labels hold {len(parts)} parts but N={n} items fill only N // size = "
-                         f"{n // size} chunks of size={size}; pass at most N // size parts")
+        kept_n = f"N - drop = {n}" if drop else f"N={n}"
+        fill = "(N - drop) // size" if drop else "N // size"
+        raise ValueError(f"labels hold {len(parts)} parts but {kept_n} items fill only {fill} "
+                         f"= {n // size} chunks of size={size}; pass at most {fill} parts")
     chunks, pool = [], []
     for p in parts[np.lexsort((members[start[parts]], -counts[parts]))]:
         items = members[start[p]:start[p + 1]].tolist()
@@ -417,7 +462,8 @@ def trimmed_order(labels, size: int, *, seed: int | None = None) -> np.ndarray:
         del pool[take:]
     chunks.sort(key=min)
     visit = range(len(chunks)) if seed is None else _rng.permutation(len(chunks), seed)
-    return np.array([i for c in visit for i in chunks[c]] + pool, np.int64)
+    order = np.array([i for c in visit for i in chunks[c]] + pool, np.int64)
+    return np.concatenate([kept[order], dropped]) if drop else order
 
 
 def groups_per_batch(order, labels, batch_size: int, kept: int | None = None) -> np.ndarray:

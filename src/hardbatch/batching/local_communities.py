@@ -226,7 +226,10 @@ def local_communities(embeddings, cells, parts: int, *, skip: int, window: int,
         batch_size = check_int(batch_size, "batch_size", low=1)
     counts = np.bincount(cells, minlength=1)
     nonempty = np.flatnonzero(counts)
-    parts = check_int(parts, "parts", low=len(nonempty), high=n)
+    parts = check_int(parts, "parts", low=1, high=n)
+    if parts < len(nonempty):
+        raise ValueError(f"parts={parts} must be >= {len(nonempty)}, the non-empty cells (each "
+                         "gets at least one community); pass more parts or fewer, larger cells")
     check_memory(local_communities_bytes(n, d, int(counts.max(initial=0)), ranks=ranks,
                                          keep=keep, window=window, workers=workers),
                  n=n, d=d, what=f"the cell-local community build ({len(nonempty)} cells)",

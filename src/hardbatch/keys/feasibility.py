@@ -23,6 +23,7 @@ import numpy as np
 from .. import _rng
 from .encode import KEYS_OFF, DuplicateKeys
 from .repair import partition_capacities, separate_keys
+from .._validation import check_int
 
 __all__ = ["check_partition_keys", "check_walk_keys", "closed_neighbourhood_bound",
            "greedy_independent"]
@@ -65,12 +66,15 @@ def _after_drop(counts: np.ndarray, drop: int) -> np.ndarray:
 
 
 def check_partition_keys(keys: DuplicateKeys, num_items: int, batch_size: int,
-                         drop_last: bool) -> None:
+                         drop_last: bool, batches: int | None = None) -> None:
     """``ValueError`` unless the epoch's partition can keep every key out of shared batches.
 
     Feasible iff (Gale-Ryser) for every t, the t largest batches hold at most
     ``sum_k min(c_k, t)`` items (c_k: items of key k, unique items counting 1); with
     ``drop_last`` the N mod B dropped items are taken from the largest groups first.
+    ``batches`` (with ``drop_last``): the full batches the plan serves, when fewer than
+    floor(N / B) (a sampler split over W ranks serves whole steps of W batches); the other
+    items count as dropped.
 
     Example:
         >>> from hardbatch.keys import check_partition_keys, encode_keys
@@ -81,6 +85,8 @@ def check_partition_keys(keys: DuplicateKeys, num_items: int, batch_size: int,
         use batch_size <= 2, or merge / drop the copies
     """
     caps = partition_capacities(num_items, batch_size, drop_last)
+    if drop_last and batches is not None:
+        caps = caps[:check_int(batches, "batches", low=0, high=len(caps))]
     nb = len(caps)
     counts = np.concatenate([keys.counts, np.ones(int((keys.ids < 0).sum()), np.int64)])
     if drop_last and not keys.sets:

@@ -2,11 +2,14 @@
 
 Every sampler of :mod:`hardbatch.samplers` is a :class:`PlanSampler`:
 
-* An epoch is ``ceil(N / B)`` batches (``floor`` with ``drop_last=True``),
-  the same number of steps as uniform sampling, so comparisons are
-  step-for-step fair. Uniform and GCBS partition the items (the last batch
-  may be short); walk samplers always return B distinct items and draw
-  their start nodes from items not yet seen this epoch (``coverage``).
+* An epoch is ``ceil(N / B)`` batches, the same number of steps as uniform sampling, so
+  comparisons are step-for-step fair; with ``drop_last=True`` only full batches,
+  ``floor(N / B)`` rounded down to a multiple of ``world_size``, so that every plan batch
+  is served and every rank gets as many, as with ``DistributedSampler(drop_last=True)``.
+  The partition samplers (uniform, GCBS, cluster, community) partition the items (the
+  last batch may be short; with ``drop_last`` the items left out are a seeded random
+  choice per epoch, not a fixed region); walk samplers always return B distinct items and
+  draw their start nodes from items not yet seen this epoch (``coverage``).
 * ``set_epoch(epoch)`` selects the epoch (iteration also advances it by one
   when an epoch completes); the same seed, epoch and rank give the same
   batches on any machine (given the same embeddings).
@@ -24,8 +27,10 @@ Every sampler of :mod:`hardbatch.samplers` is a :class:`PlanSampler`:
 * Distributed: ``rank`` / ``world_size`` default to torch.distributed's when
   it is initialised. All ranks compute the same global plan of
   ``ceil(ceil(N/B) / W) * W`` batches (padded with extra batches, like
-  ``DistributedSampler``) and rank r takes batches r, r + W, r + 2W, ...; an epoch
-  needs at least W batches (else ``ValueError``), so the W batches of a step differ.
+  ``DistributedSampler``; with ``drop_last`` ``floor(floor(N/B) / W) * W`` full batches,
+  nothing padded and no planned batch left unserved) and rank r takes batches r, r + W,
+  r + 2W, ...; an epoch needs at least W batches (else ``ValueError``), so the W batches
+  of a step differ.
 * ``global_batch=True``: each step is ONE plan batch of ``W * B`` items (the plan of
   a single process with batch size ``W * B``; an epoch is ``ceil(N / (W * B))`` steps)
   and rank r takes slice r of it (a short last batch is split as evenly as possible;
@@ -52,28 +57,12 @@ from torch.utils.data import Sampler
 from .._integrity import INTEGRITY_KEY, digest, seal, verify
 from .._validation import check_int
 from ..data import warn_if_loader_items_lack_index
+from ..distributed import resolve_rank_world
 from ..keys.encode import DuplicateKeys, encode_keys
 from ..keys.feasibility import check_partition_keys, check_walk_keys
 from .prefetch import PrefetchThread, Step
 
 LOOKBACK = 1024  # steps kept so that state_dict(consumed=...) can rewind a prefetching loader
-
-
-def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """(rank, world_size) checked; None takes torch.distributed's (0 and 1 without it)."""
-    if rank is None or world_size is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank() if rank is None else rank
-            world_size = dist.get_world_size() if world_size is None else world_size
-        else:
-            rank = 0 if rank is None else rank
-            world_size = 1 if world_size is None else world_size
-    world_size = check_int(world_size, "world_size", low=1)
-    rank = check_int(rank, "rank", low=0)
-    if rank >= world_size:
-        raise ValueError(f"rank={rank} must be smaller than world_size={world_size}")
-    return rank, world_size
 
 
 def _setting(value):
@@ -146,7 +135,7 @@ class PlanSampler(Sampler[list[int]]):
         self.batch_size = check_int(batch_size, "batch_size", low=1)
         self.drop_last = bool(drop_last)
         self.seed = check_int(seed, "seed")
-        self.rank, self.world_size = _rank_and_world(rank, world_size)
+        self.rank, self.world_size = resolve_rank_world(rank, world_size)
         self.global_batch = bool(global_batch)
         w = self.world_size
         self.plan_batch_size = self.batch_size * w if self.global_batch else self.batch_size
@@ -156,7 +145,7 @@ class PlanSampler(Sampler[list[int]]):
         if self.duplicate_keys is not None:
             if self.batches_partition:
                 check_partition_keys(self.duplicate_keys, num_items, self.plan_batch_size,
-                                     self.drop_last)
+                                     self.drop_last, self.batches_per_epoch)
             else:
                 check_walk_keys(self.duplicate_keys, self.plan_batch_size)
         self.epoch = 0
@@ -196,12 +185,13 @@ class PlanSampler(Sampler[list[int]]):
         if len(self) == 0:  # only with drop_last: fewer full batches than ranks
             fix = f"use batch_size <= N // world_size = {n // w} or " if n >= w else ""
             raise ValueError(
-                f"drop_last=True leaves {self.batches_per_epoch} full batch(es) of batch_size="
-                f"{b} for world_size={w} ranks, so every rank would get no batch; {fix}pass "
+                f"drop_last=True leaves {n // b} full batch(es) of batch_size={b} for "
+                f"world_size={w} ranks, so every rank would get no batch; {fix}pass "
                 "drop_last=False")
-        if self.batches_per_epoch < self.plan_width:  # padding would repeat a batch in a step
-            # the largest batch_size giving w batches: floor(N / b) >= w, or ceil(N / b) >= w
-            largest = n // w if self.drop_last else -(-n // (w - 1)) - 1
+        # with drop_last the plan is whole steps of full batches (checked above); without it
+        # the padding of a last step would repeat a batch in that step
+        if self.batches_per_epoch < self.plan_width:
+            largest = -(-n // (w - 1)) - 1  # the largest batch_size giving ceil(N / b) >= w
             raise ValueError(
                 f"world_size={w} needs at least {w} batches per epoch so that the ranks get "
                 f"different batches, but N={n} items make {self.batches_per_epoch} of "
@@ -210,17 +200,25 @@ class PlanSampler(Sampler[list[int]]):
 
     @property
     def batches_per_epoch(self) -> int:
-        """Plan batches in one epoch: ceil(N / B'), or floor with drop_last, where B' is the
-        plan's batch size (``batch_size``, or ``world_size * batch_size`` with global_batch)."""
+        """Plan batches in one epoch: ceil(N / B'), where B' is the plan's batch size
+        (``batch_size``, or ``world_size * batch_size`` with global_batch). With drop_last the
+        full batches that whole steps serve: floor(N / B') rounded down to a multiple of the
+        W' plan batches of a step (``plan_width``: world_size, 1 with global_batch), so the
+        plan holds no batch that no rank is given.
+
+        Example:
+            >>> from hardbatch import UniformBatchSampler
+            >>> [UniformBatchSampler(40, 8, drop_last=True, world_size=w, rank=0)
+            ...  .batches_per_epoch for w in (1, 2, 3)]
+            [5, 4, 3]
+        """
+        b, w = self.plan_batch_size, self.plan_width
         if self.drop_last:
-            return self.num_items // self.plan_batch_size
-        return -(-self.num_items // self.plan_batch_size)
+            return self.num_items // b // w * w
+        return -(-self.num_items // b)
 
     def __len__(self) -> int:
-        total = self.batches_per_epoch
-        if self.drop_last:
-            return total // self.plan_width
-        return -(-total // self.plan_width)
+        return -(-self.batches_per_epoch // self.plan_width)  # exact with drop_last
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s plan on the next iteration (forgets a mid-epoch resume of another epoch).

@@ -17,12 +17,12 @@ from .._validation import check_int
 from .._memory import check_memory
 from ..batching.communities import group_order, groups_per_batch, spherical_clusters
 from ..embeddings import EmbeddingSource
-from ..keys.repair import separate_keys
 from ..neighbors.kmeans import check_kmeans_backend
 from ..neighbors.kmeans_tree import kmeans_tree, kmeans_tree_bytes, tree_levels
 from .embedding_sampler import built
 from .options import ClusterOptions, take_options
-from .partition_sampler import PartitionSampler, fixed_source, load_order, save_order
+from .partition_sampler import PartitionSampler, fixed_source, load_order, save_order, \
+    served_order
 from .refresh import PlanShape
 
 if TYPE_CHECKING:
@@ -102,8 +102,7 @@ class ClusterBuilder:
         b, drop = plan.batch_size, plan.drop
         order = group_order(labels, b, self.clusters_per_batch, drop=drop,
                             seed=_rng.derive_seed(plan.seed, epoch, 0xC2))
-        kept = plan.num_items - drop
-        order = separate_keys(order, kept, b, plan.keys)[:kept]
+        order = served_order(order, plan)
         self.fill_batches = int((groups_per_batch(order, labels, b) >
                                  self.clusters_per_batch).sum())
         return order
@@ -162,10 +161,11 @@ class ClusterBatchSampler(PartitionSampler):
             ``precision`` and ``progress``. Here: ``device`` is where the torch k-means runs
             (default: the source's device); ``refresh_lag`` / ``background`` read the source
             ``refresh_lag`` steps before an epoch ends and cluster for the next epoch (in a
-            worker thread with ``background``), as for GCBS; ``drop_last`` leaves out N mod B
-            items (a random choice per epoch) so every batch is full; ``duplicate_keys``: a
-            clashing item swaps with the nearest batch lacking its key, as for GCBS (this may
-            add a cluster to a batch).
+            worker thread with ``background``), as for GCBS; ``drop_last`` leaves out
+            ``drop_count`` items (N mod B, and with W ranks the full batches that would not
+            fill a last step; a random choice per epoch) so every batch is full and served;
+            ``duplicate_keys``: a clashing item swaps with the nearest batch lacking its key,
+            as for GCBS (this may add a cluster to a batch).
 
     Example:
         >>> import numpy as np

@@ -27,10 +27,10 @@ from ..batching.local_communities import AUTO_CELLS_ABOVE, CELL_ITEMS, coarse_ce
 from ..batching.metis_partition import check_imbalance
 from .embedding_sampler import built
 from .options import CommunityOptions, take_options
-from .partition_sampler import PartitionSampler, fixed_source, load_order, save_order
+from .partition_sampler import PartitionSampler, fixed_source, load_order, save_order, \
+    served_order
 from .refresh import PlanShape
 from ..keys.derive import same_key_graph
-from ..keys.repair import separate_keys
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -129,8 +129,9 @@ class CommunityBuilder:
         self.skip, self.window, self.partitioner = skip, window, partitioner
         self.knn_method, self.imbalance, self.edges = knn_method, imbalance, edges
         self.batching, self.cells, self.device, self.fixed = batching, cells, device, fixed
-        #: the communities (parts) of a build
-        self.parts = n // (b // k) if batching == "trim" else min(n, max(1, round(n * k / b)))
+        #: the communities (parts) of a build ("trim": one per chunk served, drop_last's left out)
+        self.parts = (n - plan.drop) // (b // k) if batching == "trim" else \
+            min(n, max(1, round(n * k / b)))
         #: the cell size of the builds (0: global): ``cells.items``, or its automatic value
         self.cell_items_used = (0 if n <= AUTO_CELLS_ABOVE else CELL_ITEMS) \
             if cells.items is None else cells.items
@@ -205,8 +206,8 @@ class CommunityBuilder:
         keys, seed = plan.keys, _rng.derive_seed(plan.seed, epoch, 0xB4)
         keyed = keys is not None and keys.any
         blocks = None
-        if self.batching == "trim":  # B3's authors': no separation; the drop: the order's tail
-            order = trimmed_order(labels, b // self.communities_per_batch, seed=seed)
+        if self.batching == "trim":  # B3's authors': no separation; the drop: random items
+            order = trimmed_order(labels, b // self.communities_per_batch, seed=seed, drop=drop)
             apart = same_key_graph(keys.ids) if keyed else None
         else:
             if self.cell_labels is not None:  # pieces cut within cells: noise moves its own
@@ -217,7 +218,7 @@ class CommunityBuilder:
             apart = (pairs + same_key_graph(keys.ids)).tocsr() if keyed else pairs
         if apart is not None and apart.nnz:  # copies kept apart in the same pass
             order, self.separated, _ = separate_pairs(order, kept, b, apart, x, near, blocks)
-        order = separate_keys(order, kept, b, keys)[:kept]
+        order = served_order(order, plan)
         self.forced_pairs = pairs_in_batches(order, kept, b, pairs)
         return order
 
@@ -288,7 +289,9 @@ class CommunityBatchSampler(PartitionSampler):
     one part per batch), trimmed and filled to exactly B / K items
     (:func:`hardbatch.batching.communities.trimmed_order`), in random order each epoch, the ``N mod
     (B / K)`` items left over in the short last batch (the authors pad it to B with copies of
-    other items instead: the plan here is a partition) and no separation of the top ranks (they
+    other items instead: the plan here is a partition; with ``drop_last``, ``(N - drop_count) //
+    (B / K)`` parts and the ``drop_count`` items left out a random choice per epoch, made
+    before the trimming) and no separation of the top ranks (they
     do none; ``forced_pairs`` then counts those sharing a batch). Ours (the defaults): the union
     (every item joined to its whole window), a short window after three top ranks kept apart,
     and K communities a batch (docs/samplers.md, "B3's authors' settings and ours", says why).
@@ -322,7 +325,8 @@ class CommunityBatchSampler(PartitionSampler):
             (when both do: B3's authors').
         batching: ``"fill"`` (default: ``round(N K / B')`` communities, a community that runs
             out mid-batch continued by the next, the top ranks kept apart) or ``"trim"`` (B3's
-            authors': ``N // (B' / K)`` parts cut to exactly B' / K items; K must divide B').
+            authors': ``N // (B' / K)`` parts cut to exactly B' / K items, ``(N -
+            drop_count) // (B' / K)`` with ``drop_last``; K must divide B').
         cells: where METIS runs: None (default: ``CommunityCells()``, one run over the graph,
             cells of 5,000 items above 2,000,000) or a :class:`CommunityCells`:
             ``CommunityCells(batches=2)`` one run per k-means cell of about two batches
@@ -334,9 +338,12 @@ class CommunityBatchSampler(PartitionSampler):
             ``precision`` and ``progress``. Here: ``device`` is where the kNN graph is computed
             (default: the CPU); ``refresh_lag`` / ``background`` read the source
             ``refresh_lag`` steps before an epoch ends and build for the next epoch (in a worker
-            thread with ``background``), as for GCBS; ``drop_last`` leaves out N mod B items (a
-            random choice per epoch) so every batch is full; ``duplicate_keys``: kept apart by
-            the pair separation, then (what it could not separate) repaired as for GCBS.
+            thread with ``background``), as for GCBS; ``drop_last`` leaves out ``drop_count``
+            items (N mod B, and with W ranks the full batches that would not fill a last step;
+            a random choice per epoch; with ``cells.batches`` the order's last batches, cut
+            from random pieces and the cells' leftovers) so every batch is full and served;
+            ``duplicate_keys``: kept apart by the pair separation, then (what it could not
+            separate) repaired as for GCBS.
 
     Example:
         >>> import numpy as np
@@ -408,18 +415,46 @@ class CommunityBatchSampler(PartitionSampler):
                              "cells=CommunityCells(batches=2) (one METIS run per k-means cell "
                              "of about two batches) or cells=CommunityCells(items=5_000) (the "
                              "cell-local build)")
+        ignored = [f"{name}={value!r}" for name, value, wanted in (
+            ("partitioner", partitioner, "metis"), ("batching", batching, "fill"))
+            if value != wanted]
+        if cells.batches and ignored:
+            raise ValueError(f"cells=CommunityCells(batches={cells.batches}) runs METIS once per "
+                             f"k-means cell, which only partitioner='metis' with batching='fill' "
+                             f"does: with {' and '.join(ignored)} it would be ignored; pass "
+                             f"cells=CommunityCells(items={cells.items!r}) (batches=0), or "
+                             "partitioner='metis', batching='fill'")
         self.cells = cells
         self.refresh_policy.builder = CommunityBuilder(
             self._plan_shape(self.drop_count), k, skip=self.skip, window=self.window,
             partitioner=partitioner, knn_method=knn_method, imbalance=self.imbalance,
             edges=edges, batching=batching, cells=cells, device=resolve_device(device),
             fixed=fixed_source(embeddings))
+        self._check_cell_parts()
         if knn_method is not None and self.cell_items_used:  # a likely misuse: say so
             why = "cells.items" if cells.items else f"automatic above {AUTO_CELLS_ABOVE:,} items"
             warnings.warn(f"knn_method={knn_method!r} is not used: the communities are built in "
                           f"cells of {self.cell_items_used} items ({why}), each cell's kNN "
                           "graph exact; drop knn_method, or pass cells=CommunityCells(items=0) "
                           "for the global build that uses it", UserWarning, stacklevel=2)
+
+    def _check_cell_parts(self) -> None:
+        """``ValueError`` unless the cell-local build has a community for each of its cells
+        (communities of B' / K items larger than a cell would leave a cell without one)."""
+        n, used, parts = self.num_items, self.cell_items_used, self.parts
+        cells = min(n, -(-n // used)) if used else 0  # coarse_cells' k-means cells
+        if parts >= cells:
+            return
+        size = "world_size * batch_size" if self.global_batch else "batch_size"
+        b, k, given = self.plan_batch_size, self.communities_per_batch, self.cells.items
+        items = f"cells.items={used}" if given else \
+            f"cells.items=None (automatic: {used} above {AUTO_CELLS_ABOVE:,} items)"
+        raise ValueError(f"{items} cuts the N={n} items into {cells} cells of the cell-local "
+                         f"build, each needing a community, but {size}={b} with "
+                         f"communities_per_batch={k} makes {parts} communities (of about "
+                         f"{b // k} items, more than a cell holds); use cells=CommunityCells("
+                         f"items={-(-n // parts)}) or larger, a larger communities_per_batch or "
+                         f"a smaller {size}")
 
     parts = built("parts", "The communities (parts) of a build.")
     cell_items_used = built("cell_items_used", "The cell size of the builds (0: global): "

@@ -16,17 +16,17 @@ from .._device import check_precision, resolve_device
 from .._logging import show_progress
 from .._validation import check_int, check_real
 from ..embeddings import EmbeddingSource, source_num_items
+from ..batching.communities import dropped_last
 from ..batching.gcbs import check_min_partners, check_search_args, default_interleave, gcbs_permutation, \
     interleave_chunks, resolve_method, sharded_gcbs_permutation
-from ..keys.repair import separate_keys
 from .options import GCBSOptions, take_options
-from .partition_sampler import PartitionSampler
+from .partition_sampler import PartitionSampler, served_order
 from .refresh import PlanShape
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-Order = tuple[np.ndarray, np.ndarray]  # (item order [N or N - N mod B], batch order [nb])
+Order = tuple[np.ndarray, np.ndarray]  # (item order [N - drop], batch order [nb])
 
 
 class GCBSOrderBuilder:
@@ -88,13 +88,9 @@ class GCBSOrderBuilder:
                      nlist=self.nlist, nprobe=self.nprobe, partitions=self.partitions,
                      device=self.device, precision=self.precision, **kw)
         perm = interleave_chunks(perm.numpy(), self.interleave)
-        if plan.drop:  # dropped: a random choice of positions, not always the order's tail
-            drop = _rng.permutation(plan.num_items, _rng.derive_seed(plan.seed, epoch, 3))
-            keep = np.ones(plan.num_items, bool)
-            keep[drop[:plan.drop]] = False
-            perm = np.concatenate([perm[keep], perm[~keep]])  # the dropped ones at the end
-        kept = plan.num_items - plan.drop
-        perm = separate_keys(perm, kept, plan.batch_size, plan.keys)[:kept]
+        # dropped: a random choice of positions, not always the order's tail
+        perm = dropped_last(perm, plan.drop, _rng.derive_seed(plan.seed, epoch, 3))
+        perm = served_order(perm, plan)
         batch_order = (_rng.permutation(plan.batches, _rng.derive_seed(plan.seed, epoch, 2))
                        if self.shuffle_batches else np.arange(plan.batches))
         return perm, batch_order
@@ -149,7 +145,8 @@ class GCBSSampler(PartitionSampler):
             in a worker thread while epoch e finishes, with the same batches); ``distributed``
             shares the pair search across the ranks
             (:func:`hardbatch.batching.gcbs.sharded_gcbs_permutation`, the same order as one process);
-            ``drop_last`` drops N mod B items each epoch, a seeded random choice of positions
+            ``drop_last`` drops ``drop_count`` items each epoch (N mod B, and with W ranks the
+            full batches that would not fill a last step), a seeded random choice of positions
             of the order (its tail holds the items without any strong pair); ``global_batch``:
             one slice of ``world_size * batch_size`` items per step; ``duplicate_keys``: a
             clashing item swaps places with an item of the nearest batch (in the order) that

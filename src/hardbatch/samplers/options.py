@@ -8,8 +8,11 @@ sampler does not take is a ``TypeError`` naming it). A new shared option is one 
 =================  =========  ===================================================================
 option             default    meaning
 =================  =========  ===================================================================
-``drop_last``      False      drop the short last batch (partition samplers: N mod B items, a
-                              random choice per epoch, so that every batch is full)
+``drop_last``      False      full batches only, in whole steps: floor(N / B) rounded down to a
+                              multiple of ``world_size`` (``global_batch``: floor(N / (W B))),
+                              so every rank gets as many and every plan batch is served
+                              (partition samplers: the ``drop_count`` items left out are a
+                              seeded random choice per epoch, not a fixed region)
 ``seed``           0          base seed: the same seed, epoch and rank give the same batches
 ``rank``           None       this process's rank (None: torch.distributed's, else 0)
 ``world_size``     None       ranks sharing the plan (None: torch.distributed's, else 1)
@@ -25,8 +28,8 @@ option             default    meaning
 ``distributed``    None       build sharded across the ranks of ``process_group`` (None: on when
                               torch.distributed is initialised with these ranks)
 ``process_group``  None       the torch.distributed group of the builds (None: the default)
-``device``         None       where the structure is built (None: the CPU; the cluster and
-                              community samplers: the source's device)
+``device``         None       where the structure is built (None: the CPU; the cluster
+                              sampler's torch k-means: the source's device)
 ``precision``      "fp32"     ``"fp32"``, ``"bf16"`` or ``"fp16"`` similarity products (fp32
                               accumulation)
 ``progress``       None       a tqdm bar over long builds (True / False; None: when stderr is a

@@ -15,9 +15,11 @@ import numpy as np
 import torch
 
 from .._validation import check_int
+from ..keys.repair import separate_keys
 from .embedding_sampler import EmbeddingSampler
+from .refresh import PlanShape
 
-__all__ = ["PartitionSampler", "fixed_source", "load_order", "save_order"]
+__all__ = ["PartitionSampler", "fixed_source", "load_order", "save_order", "served_order"]
 
 
 def fixed_source(embeddings) -> bool:
@@ -31,6 +33,23 @@ def fixed_source(embeddings) -> bool:
         (True, False)
     """
     return isinstance(embeddings, (np.ndarray, torch.Tensor))
+
+
+def served_order(order: np.ndarray, plan: PlanShape) -> np.ndarray:
+    """The items an epoch serves, in batch order: ``order`` (the N items, the ``plan.drop``
+    that ``drop_last`` leaves out last, e.g. chosen by
+    :func:`~hardbatch.batching.communities.dropped_last`) with no key twice in a batch
+    (:func:`~hardbatch.keys.separate_keys`), cut to its first ``N - drop``.
+
+    Example:
+        >>> import numpy as np
+        >>> from hardbatch.samplers.partition_sampler import served_order
+        >>> from hardbatch.samplers.refresh import PlanShape
+        >>> served_order(np.arange(10)[::-1], PlanShape(10, 4, 2, 2, 0, None)).tolist()
+        [9, 8, 7, 6, 5, 4, 3, 2]
+    """
+    kept = plan.num_items - plan.drop
+    return separate_keys(order, kept, plan.batch_size, plan.keys)[:kept]
 
 
 def save_order(order: np.ndarray) -> dict:
@@ -98,12 +117,15 @@ class PartitionSampler(EmbeddingSampler):
 
     @property
     def coverage(self) -> float:
-        """Share of items drawn so far this epoch: 1.0 (an epoch is a partition)."""
-        return 1.0
+        """Share of the items an epoch serves: 1.0 (an epoch is a partition), ``1 -
+        drop_count / N`` with ``drop_last``."""
+        return 1.0 - self.drop_count / self.num_items
 
     @property
     def drop_count(self) -> int:
-        """Items an epoch leaves out (N mod B' with ``drop_last``, else 0).
+        """Items an epoch leaves out, a seeded random choice per epoch: with ``drop_last``
+        ``N - batches_per_epoch * B'`` (the short last batch's N mod B' items, and with W > 1
+        ranks the full batches that would not fill a last step of W), else 0.
 
         Example:
             >>> import numpy as np
@@ -111,8 +133,14 @@ class PartitionSampler(EmbeddingSampler):
             >>> x = np.random.default_rng(0).standard_normal((40, 8))
             >>> hb.ClusterBatchSampler(x, 16, drop_last=True, kmeans="torch").drop_count
             8
+            >>> three = hb.ClusterBatchSampler(x, 8, drop_last=True, world_size=3, rank=0,
+            ...                                kmeans="torch")  # 5 full batches, 3 served
+            >>> three.drop_count, three.coverage
+            (16, 0.6)
         """
-        return self.num_items % self.plan_batch_size if self.drop_last else 0
+        if not self.drop_last:
+            return 0
+        return self.num_items - self.batches_per_epoch * self.plan_batch_size
 
     def check_per_batch(self, value, name: str) -> int:
         """``value`` of option ``name`` (groups per batch) checked: an int in [1, B'].

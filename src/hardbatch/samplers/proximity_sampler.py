@@ -178,12 +178,11 @@ class ProximityGraphSampler(WalkSampler):
         self.progress = progress
         if walk not in WALKS:
             raise ValueError(f"walk={walk!r} must be one of {sorted(WALKS)}")
-        if getattr(restart, "per_epoch", False):  # EpochStepDecay: checked when built
-            pass
-        elif not callable(restart):
+        per_epoch = getattr(restart, "per_epoch", False)  # EpochStepDecay: checked when built
+        if not per_epoch and not callable(restart):
             restart = check_restart(restart, expected="a number in [0, 1) or a schedule such "
                                     "as LinearDecay(0.2, 0.05) or EpochStepDecay()")
-        else:
+        elif not per_epoch:
             if isinstance(restart, LinearDecay):  # any other schedule is checked per batch
                 check_restart(restart.start, "restart=LinearDecay(...) start")
                 check_restart(restart.end, "restart=LinearDecay(...) end")
@@ -219,9 +218,10 @@ class ProximityGraphSampler(WalkSampler):
     def restart_at(self, epoch: int, index: int) -> float:
         """Alpha for global plan batch ``index`` of ``epoch``.
 
-        Progress is plan batches over planned ones (``epochs * ceil(N/B)``), the
-        same for any world size; with ``LinearDecay(total_steps=T)`` it is
-        steps of this rank over T.
+        Progress is plan batches over planned ones (``epochs * batches_per_epoch``:
+        ceil(N / B'), B' the plan's batch size, the same for any world size; with
+        ``drop_last`` the full batches served, floor(N / B') rounded down to a multiple of
+        the world size); with ``LinearDecay(total_steps=T)`` it is steps of this rank over T.
         """
         if isinstance(self.restart, float):
             return self.restart

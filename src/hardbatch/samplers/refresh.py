@@ -297,13 +297,15 @@ class RefreshPolicy:
     def _watch_cost(self, seconds: float, waited: bool) -> None:
         """Warn once when rebuilds dominate training: an exact build every few steps costing
         more than ``MIN_STEP_COST_S`` per step (at the first build), or builds taking more time
-        than the training steps between them (measured from the second build on)."""
+        than the training steps between them (measured from the second build on). A builder
+        over fixed embeddings (``builder.fixed``: its groups are built once and reused) is not
+        watched: its one costly build is not a rebuild to make rarer."""
         cost = self._cost
         past, past_waited = cost["build"], cost["waited"]
         cost["builds"] += 1
         cost["build"] += seconds
         cost["waited"] += seconds if waited else 0.0
-        if cost["warned"] or self.every is None:
+        if cost["warned"] or self.every is None or getattr(self.builder, "fixed", False):
             return
         builder, every = self.builder, self.every
         exact = bool(builder.exact_build)

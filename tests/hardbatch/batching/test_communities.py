@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import hardbatch as hb
-from hardbatch.batching.communities import cell_order, community_labels, group_order, \
-    groups_per_batch, rank_graph, trimmed_order
+from hardbatch.batching.communities import cell_order, community_labels, dropped_last, \
+    group_order, groups_per_batch, rank_graph, trimmed_order
 
 # ---------------------------------------------------------------------------------------------
 # references
@@ -135,6 +135,44 @@ def test_trimmed_order_cuts_one_chunk_of_exactly_size_items_per_part(n, size, va
             sorted(plain[c * size:(c + 1) * size].tolist()) for c in range(len(present)))
         assert pool == plain[len(present) * size:].tolist()
         assert np.array_equal(order, trimmed_order(labels, size, seed=seed))
+
+
+@pytest.mark.parametrize("n,size,drop", [(53, 5, 3), (53, 5, 8), (61, 7, 12), (40, 4, 4)])
+def test_trimmed_order_with_drop_trims_the_items_kept(n, size, drop):
+    """``drop`` random items (drop_last) go last; the rest is the trimming of the kept items
+    alone (their parts, chunks of exactly ``size``), a new choice for a new seed."""
+    rng = np.random.default_rng(n + drop)
+    labels = rng.integers(0, (n - drop) // size, n)  # at most (N - drop) // size parts
+    order = trimmed_order(labels, size, seed=4, drop=drop)
+    assert sorted(order.tolist()) == list(range(n))
+    left_out = order[n - drop:]
+    kept = np.setdiff1d(np.arange(n), left_out)  # ascending: the kept items' own numbering
+    assert np.array_equal(order[:n - drop], kept[trimmed_order(labels[kept], size, seed=4)])
+    assert np.array_equal(order, trimmed_order(labels, size, seed=4, drop=drop))
+    others = {frozenset(trimmed_order(labels, size, seed=s, drop=drop)[n - drop:].tolist())
+              for s in range(5, 10)}
+    assert len(others | {frozenset(left_out.tolist())}) > 1  # not the same items every seed
+    assert np.array_equal(trimmed_order(labels, size, seed=4, drop=0),
+                          trimmed_order(labels, size, seed=4))
+
+
+# ---------------------------------------------------------------------------------------------
+# dropped_last: which items drop_last leaves out
+# ---------------------------------------------------------------------------------------------
+def test_dropped_last_moves_a_random_choice_to_the_end_keeping_the_order():
+    order = np.random.default_rng(0).permutation(50)
+    out = dropped_last(order, 7, seed=3)
+    assert sorted(out.tolist()) == list(range(50))
+    kept, left_out = out[:43].tolist(), set(out[43:].tolist())
+    assert kept == [i for i in order.tolist() if i not in left_out]  # the others in order
+    assert np.array_equal(out, dropped_last(order, 7, seed=3))
+    choices = {frozenset(dropped_last(order, 7, seed=s)[43:].tolist()) for s in range(20)}
+    assert len(choices) == 20  # a new seed (epoch), a new choice
+    spread = np.concatenate([np.flatnonzero(np.isin(order, list(c))) for c in choices])
+    assert spread.max() - spread.min() > 40  # anywhere in the order, not its tail
+    assert dropped_last(order, 0, seed=3) is order
+    more = set(dropped_last(order, 12, seed=3)[38:].tolist())
+    assert left_out <= more  # a larger drop leaves out more of the same
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,6 +394,14 @@ LABELS = np.arange(40) % 5
     (lambda: group_order(LABELS, 0), r"batch_size=0 must be >= 1"),
     (lambda: group_order(LABELS, 8, 0), r"groups_per_batch=0 must be >= 1"),
     (lambda: group_order(LABELS, 8.0), r"batch_size must be an integer"),
+    (lambda: group_order(np.arange(10) // 2, 2, 3), r"groups_per_batch=3 must be <= 2, the "
+                                                    r"batch_size .*use groups_per_batch <= 2"),
+    (lambda: group_order(LABELS, 8, drop=41), r"drop=41 must be <= 40"),
+    (lambda: trimmed_order(LABELS, 4, drop=3), r"drop=3 leaves out a seeded random choice .* "
+                                               r"pass seed="),
+    (lambda: trimmed_order(np.arange(12) % 3, 4, seed=0, drop=4),
+     r"labels hold 3 parts but N - drop = 8 items fill only \(N - drop\) // size = 2 chunks"),
+    (lambda: dropped_last(np.arange(5), 6, seed=0), r"drop=6 must be <= 5"),
     (lambda: cell_order(LABELS, LABELS % 2, 0), r"batch_size=0 must be >= 1"),
     (lambda: cell_order(LABELS, LABELS % 2, 8, 9), r"groups_per_batch=9 must be <= 8"),
     (lambda: cell_order(LABELS, LABELS % 2, 8, 2, drop=41), r"drop=41 must be <= 40"),

@@ -111,3 +111,26 @@ def test_impossible_conflicts_fail_at_construction_naming_items_and_fix(emb):
     assert 40 <= found <= 50  # one item per g clique at most
     s = make("knn", emb, batch_size=found, duplicate_keys=dense)
     assert all(len(b) == found for b in s) and conflicts(list(s), dense) == 0
+
+
+def test_ranks_serving_fewer_full_batches_check_the_plan_they_serve():
+    # N = 40, B = 8, drop_last, W = 3: 5 full batches but whole steps serve 3, and 16 items
+    # are left out. A key of 19 items fits (16 dropped from it, 3 left for 3 batches); one of
+    # 20 does not, although 20 items in 5 batches would be rejected for another reason and
+    # 19 - 16 = 3 <= 3 is exactly the limit
+    def keys(c):
+        return encode_keys(["k"] * c + [f"u{i}" for i in range(40 - c)], 40)
+
+    check_partition_keys(keys(19), 40, 8, True, batches=3)
+    with pytest.raises(ValueError, match="held by 20 items but an epoch has only 3 batches"):
+        check_partition_keys(keys(20), 40, 8, True, batches=3)
+    with pytest.raises(ValueError, match="batches=6 must be"):
+        check_partition_keys(keys(2), 40, 8, True, batches=6)
+    ranks = [hb.UniformBatchSampler(40, 8, drop_last=True, world_size=3, rank=r,
+                                    duplicate_keys=["k"] * 19 + [f"u{i}" for i in range(21)])
+             for r in range(3)]
+    served = [b for r in ranks for b in r]
+    assert len(served) == 3 and all(sum(i < 19 for i in b) <= 1 for b in served)
+    with pytest.raises(ValueError, match="held by 20 items"):
+        hb.UniformBatchSampler(40, 8, drop_last=True, world_size=3, rank=0,
+                               duplicate_keys=["k"] * 20 + [f"u{i}" for i in range(20)])

@@ -169,6 +169,16 @@ def test_imbalance_is_metis_only(emb):
     assert sorted(i for b in batches for i in b) == list(range(len(emb)))
 
 
+def test_device_default_is_what_the_options_table_says(emb):
+    """options.py: device None is the CPU, but the cluster sampler's torch k-means runs on the
+    source's device (its builder keeps None: the rows' device)."""
+    table = " ".join(hb.samplers.options.__doc__.split())
+    assert "None: the CPU; the cluster sampler's torch k-means: the source's device" in table
+    community = hb.CommunityBatchSampler(emb, 64, skip=2, window=8)
+    assert community.builder.device == torch.device("cpu")
+    assert hb.ClusterBatchSampler(emb, 64, kmeans="torch").builder.device is None
+
+
 def test_registry_builds_it(emb):
     sampler = hb.registry.make_sampler("community", emb, 64, communities_per_batch=2, window=8)
     assert isinstance(sampler, hb.CommunityBatchSampler) and sampler.parts == 31

@@ -110,15 +110,54 @@ def test_batches_are_the_reference_trimming_of_the_parts(x):
     assert s.separated == 0  # the authors separate nothing
 
 
+def kept_chunks(labels, batches, size: int) -> tuple[set, list]:
+    """The reference trimming of the items served (``drop_last``: the others were left out
+    before the trimming), as chunks of item ids, and its pool."""
+    kept = sorted(i for b in batches for i in b)
+    final, pool = reference_trim(np.asarray(labels)[kept], size)
+    return {frozenset(kept[i] for i in c) for c in final}, pool
+
+
 def test_two_parts_per_batch_and_drop_last(x):
     s = hb.CommunityBatchSampler.authors(x, B, communities_per_batch=2, drop_last=True)
     batches = [list(b) for b in s]
-    final, pool = reference_trim(s.groups[0], B // 2)  # 41 chunks of 5, no rest
-    chunks = {frozenset(c) for c in final}
-    assert s.parts == N // (B // 2) and not pool
+    # 205 mod 10 = 5 items left out; the 200 kept make 40 parts and 40 chunks of 5, no rest
+    assert s.drop_count == N % B and s.parts == (N - N % B) // (B // 2) == 40
+    chunks, pool = kept_chunks(s.groups[0], batches, B // 2)
+    assert not pool and len(chunks) == 40
     assert [len(b) for b in batches] == [B] * (N // B)
+    assert len({i for b in batches for i in b}) == N - N % B
     for b in batches:
         assert frozenset(b[:B // 2]) in chunks and frozenset(b[B // 2:]) in chunks
+
+
+@pytest.mark.filterwarnings("ignore::hardbatch.samplers.refresh.RefreshCostWarning")
+def test_drop_last_leaves_out_a_random_choice_each_epoch_not_the_pool(x):
+    s = hb.CommunityBatchSampler.authors(x, B, drop_last=True, seed=1)  # fixed embeddings
+    left_out = []
+    for epoch in range(6):
+        s.set_epoch(epoch)
+        batches = [list(b) for b in s]
+        assert [len(b) for b in batches] == [B] * (N // B)  # 20 full batches, every one served
+        served = {i for b in batches for i in b}
+        assert len(served) == N - N % B == N - s.drop_count
+        chunks, pool = kept_chunks(s.groups[0], batches, B)  # the kept items' trimming
+        assert not pool and {frozenset(b) for b in batches} == chunks
+        left_out.append(frozenset(range(N)) - served)
+    _, pool = reference_trim(s.groups[0], B)  # what a trimming of all N would leave over
+    assert len(set(left_out)) == 6 and set(pool) not in [set(d) for d in left_out]
+    assert len(frozenset().union(*left_out)) > 3 * (N % B)  # spread over the items
+
+
+def test_drop_last_with_ranks_serves_every_planned_part(x):
+    # 20 full batches of 10 for 3 ranks: 6 steps of 3, 18 parts served, 25 items left out
+    ranks = [list(hb.CommunityBatchSampler.authors(x, B, drop_last=True, world_size=3, rank=r))
+             for r in range(3)]
+    s = hb.CommunityBatchSampler.authors(x, B, drop_last=True, world_size=3, rank=0)
+    items = [i for r in ranks for b in r for i in b]
+    assert [len(r) for r in ranks] == [6] * 3 and len(items) == len(set(items)) == 180
+    assert s.parts == 18 and s.drop_count == N - 180 == 25
+    assert s.coverage == pytest.approx(180 / N)
 
 
 def test_trimmed_order_is_the_reference_on_uneven_parts():

@@ -74,6 +74,44 @@ def test_a_bad_cells_value_names_cells_and_the_fix(cells, match):
         cells()
 
 
+@pytest.mark.parametrize("kw,conflict", [
+    (dict(batching="trim", communities_per_batch=1), "batching='trim'"),
+    (dict(partitioner="kmeans"), "partitioner='kmeans'"),
+    (dict(partitioner="kmeans", batching="trim", communities_per_batch=1),
+     "partitioner='kmeans' and batching='trim'"),
+])
+def test_cell_batches_that_would_be_ignored_are_refused(kw, conflict):
+    with pytest.raises(ValueError, match=rf"cells=CommunityCells\(batches=2\) runs METIS once "
+                                         rf"per k-means cell, .* with {conflict} it would be "
+                                         rf"ignored; pass cells=CommunityCells\(items=None\) "
+                                         rf"\(batches=0\), or partitioner='metis', "
+                                         rf"batching='fill'"):
+        hb.CommunityBatchSampler(np.eye(40, 8), 8, skip=1, window=6,
+                                 cells=hb.CommunityCells(batches=2), **kw)
+    hb.CommunityBatchSampler(np.eye(40, 8), 8, skip=1, window=6, **kw)  # without: accepted
+
+
+def test_communities_larger_than_the_cells_are_refused_at_construction(emb, monkeypatch):
+    # 1000 items in cells of 50: 20 cells, but batches of 64 make round(1000 / 64) = 16
+    # communities of 64 items (before: "parts=16 must be >= 20" at the first epoch)
+    with pytest.raises(ValueError, match=r"cells.items=50 cuts the N=1000 items into 20 cells "
+                                         r".* but batch_size=64 with communities_per_batch=1 "
+                                         r"makes 16 communities \(of about 64 items, more than "
+                                         r"a cell holds\); use cells=CommunityCells\(items=63\) "
+                                         r"or larger, a larger communities_per_batch or a "
+                                         r"smaller batch_size"):
+        hb.CommunityBatchSampler(emb, 64, 1, cells=hb.CommunityCells(items=50))
+    fitting = hb.CommunityBatchSampler(emb, 64, 1, cells=hb.CommunityCells(items=63))
+    assert sorted(i for b in batches(fitting) for i in b) == list(range(1000))  # the fix works
+    monkeypatch.setattr(community_module, "AUTO_CELLS_ABOVE", 900)
+    monkeypatch.setattr(community_module, "CELL_ITEMS", 50)
+    with pytest.raises(ValueError, match=r"cells.items=None \(automatic: 50 above 900 items\) "
+                                         r"cuts the N=1000 items into 20 cells"):
+        hb.CommunityBatchSampler(emb, 64, 1)
+    with pytest.raises(ValueError, match=r"20 cells .* makes 15 communities \(of about 64"):
+        hb.CommunityBatchSampler.authors(emb, 64, skip=3, window=10)  # trim: 1000 // 64 parts
+
+
 def test_scale_options_are_in_the_state(emb):
     sampler = hb.CommunityBatchSampler(emb, B, cells=hb.CommunityCells(batches=2, items=400))
     state = sampler.state_dict()

@@ -147,8 +147,8 @@ def test_distributed_ranks_share_plan_and_take_disjoint_batches(kind, emb, world
 
 def test_distributed_defaults_from_torch_distributed(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
-    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 4)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 4)
     s = hb.UniformBatchSampler(N, B)
     assert (s.rank, s.world_size) == (1, 4)
     assert len(s) == math.ceil(math.ceil(N / B) / 4)

@@ -124,8 +124,8 @@ def test_live_banks_and_background_builds_keep_global_batches(kind, background, 
 
 def test_rank_and_world_from_torch_distributed(monkeypatch, emb):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
-    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
     s = hb.UniformBatchSampler(N, 32, global_batch=True, seed=2)
     assert (s.rank, s.world_size, len(s)) == (1, 2, math.ceil(N / 64))
     whole = list(hb.UniformBatchSampler(N, 64, seed=2, rank=0, world_size=1))

@@ -205,3 +205,24 @@ def test_cheap_or_rare_refreshes_do_not_warn():
     assert not cost_warnings(fast, 9)  # builds far below a millisecond threshold
     rare = slowed(hb.ProximityGraphSampler(SMALL, 8, 30, 6, refresh_every=3), 0.03)
     assert not cost_warnings(rare, 9, train_seconds=0.03)  # 30 ms per 90 ms of training
+
+
+def epoch_cost_warnings(sampler, epochs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            list(sampler)
+    return [str(w.message) for w in caught if issubclass(w.category, RefreshCostWarning)]
+
+
+def test_a_slow_first_build_over_fixed_embeddings_does_not_warn():
+    # cluster batches over a fixed table: the clustering is built once and reused, so the
+    # one costly build is no rebuild to make rarer; the same builder, told its source is
+    # live, warns (the check below is not vacuous)
+    fixed = slowed(hb.ClusterBatchSampler(SMALL, 8, kmeans="torch"), 0.05)
+    assert fixed.builder.fixed
+    assert not epoch_cost_warnings(fixed, 3)
+    live = slowed(hb.ClusterBatchSampler(SMALL, 8, kmeans="torch"), 0.05)
+    live.builder.fixed = False
+    assert epoch_cost_warnings(live, 3)
