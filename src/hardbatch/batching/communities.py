@@ -293,8 +293,8 @@ def cell_order(labels, cells, batch_size: int, groups_per_batch: int = 1, *, see
     ``groups_per_batch`` pieces drawn at random (so groups of any cells: the pieces in the
     order of a random key of (cell, piece index)), then ``batch_size mod groups_per_batch``
     items of the unused pieces; their rest makes the short last batch
-    (N mod B items). ``drop`` leaves out the order's last ``drop`` items (``drop = N mod B``:
-    that batch). A cell's pieces depend on its items and labels alone, so new labels in one
+    (N mod B items). ``drop`` leaves out the order's last ``drop`` items (N mod B: that
+    batch, and with W ranks the last full batches). A cell's pieces depend on its items and labels alone, so new labels in one
     cell (a new METIS run) change the batches holding its pieces or leftovers, not the others
     (a cell that gains or loses a piece shifts the pieces after its key).
 

@@ -221,7 +221,8 @@ class ProximityGraphSampler(WalkSampler):
         Progress is plan batches over planned ones (``epochs * batches_per_epoch``:
         ceil(N / B'), B' the plan's batch size, the same for any world size; with
         ``drop_last`` the full batches served, floor(N / B') rounded down to a multiple of
-        the world size); with ``LinearDecay(total_steps=T)`` it is steps of this rank over T.
+        ``plan_width``, W or 1 with ``global_batch``); with ``LinearDecay(total_steps=T)`` it
+        is steps of this rank over T.
         """
         if isinstance(self.restart, float):
             return self.restart

@@ -302,14 +302,17 @@ class SingleSourceBatchSampler(Sampler[list[int]]):
         done = np.bincount(seq[:steps], minlength=len(self.lengths))
         return [divmod(int(c), max(n, 1)) for c, n in zip(done, self.lengths)]
 
-    def _start(self, i: int, run: int, skip: int = 0, loaded: bool = False):
-        """An iterator over run ``run`` of source ``i``'s sampler: where its loaded state
-        resumes it, or from the start, ``skip`` batches replayed (samplers without state)."""
+    def _start(self, i: int, run: int, skip: int = 0, state=None):
+        """An iterator over run ``run`` of source ``i``'s sampler: where its saved ``state``
+        resumes it (loaded now, so that only the state of the last ``load_state_dict``
+        counts), or from the start, ``skip`` batches replayed (samplers without state)."""
         sub = self.batch_samplers[i]
-        if not loaded and hasattr(sub, "set_epoch"):
+        if state is not None:
+            sub.load_state_dict(state)
+        elif hasattr(sub, "set_epoch"):
             sub.set_epoch(self.epoch * self.runs_per_epoch[i] + run)
         it = iter(sub)
-        for _ in range(0 if loaded else skip):
+        for _ in range(0 if state is not None else skip):
             next(it, None)
         return it
 
@@ -341,7 +344,7 @@ class SingleSourceBatchSampler(Sampler[list[int]]):
             if resume is not None and resume["sources"][i] is not None:
                 loaded[i] = (run, skip, resume["sources"][i])
             if skip or i in loaded:
-                iters[i] = self._start(i, run, skip, i in loaded)
+                iters[i] = self._start(i, run, skip, loaded[i][2] if i in loaded else None)
         self._live, self._finished = (seq, current_run, iters, loaded), False
         self._consumed = self._start_step = start
         for step in range(start, len(self)):
@@ -442,9 +445,6 @@ class SingleSourceBatchSampler(Sampler[list[int]]):
                 raise ValueError(f"state holds a state of source {i}'s sampler, but this one "
                                  f"({type(sub).__name__}) has no load_state_dict; pass the "
                                  "source samplers the state was saved with")
-        for sub, saved in zip(self.batch_samplers, sources):
-            if saved is not None:
-                sub.load_state_dict(saved)
         self.epoch = check_int(state["epoch"], "state['epoch']", low=0)
         self._resume = {"step": step, "sources": sources}
         self._live, self._finished, self._consumed = None, False, 0

@@ -401,3 +401,23 @@ def test_bad_sources_and_sampler_counts():
         SingleSourceBatchSampler(sources=[range(0, 10, 2)], batch_size=2)
     with pytest.raises(ValueError, match="temperature=-1"):
         single_source_batch_sampler(temperature=-1)
+
+
+def test_a_second_load_replaces_the_first_before_iterating():
+    # the source samplers' states are applied when the iteration starts: a state loaded and
+    # then replaced by another leaves nothing of itself behind
+    def make():
+        return SingleSourceBatchSampler(sources=[40, 20], batch_size=4)
+
+    fresh = make()
+    at_start = fresh.state_dict()
+    whole = list(fresh)
+    s = make()
+    it = iter(s)
+    for _ in range(5):
+        next(it)
+    mid = s.state_dict()
+    r = make()
+    r.load_state_dict(mid)
+    r.load_state_dict(at_start)
+    assert list(r) == whole
