@@ -81,7 +81,8 @@ def _setting(value):
     return repr(value)
 
 
-def _check_keys(state: dict, keys) -> None:
+def check_state_keys(state: dict, keys) -> None:
+    """``ValueError`` naming the ``keys`` a sampler's saved ``state`` lacks."""
     missing = [k for k in keys if k not in state]
     if missing:
         raise ValueError(f"state is missing {', '.join(map(repr, missing))}: it is not a whole "
@@ -394,7 +395,7 @@ class PlanSampler(Sampler[list[int]]):
             verify(state, "sampler state")  # a corrupted name is reported as such
             raise ValueError(f"state was saved by a {kind} but this sampler is a {mine}; load "
                              f"it into a {kind} constructed with the same options")
-        _check_keys(state, [*self._state_keys, "pending_plan", *self._settings, INTEGRITY_KEY])
+        check_state_keys(state, [*self._state_keys, "pending_plan", *self._settings, INTEGRITY_KEY])
         verify(state, "sampler state")
         diffs = [(key, state[key], _setting(getattr(self, key))) for key in self._settings
                  if key in state and state[key] != _setting(getattr(self, key))]

@@ -26,6 +26,7 @@ from .. import _rng
 from .._integrity import INTEGRITY_KEY, seal, verify
 from .._validation import check_generator, check_int
 from ..distributed import resolve_rank_world
+from .base import check_state_keys
 from .uniform_sampler import UniformBatchSampler
 
 __all__ = ["SingleSourceBatchSampler", "single_source_batch_sampler"]
@@ -423,12 +424,7 @@ class SingleSourceBatchSampler(Sampler[list[int]]):
             raise ValueError(f"state was saved by {saved} but this sampler is a {mine}; load it "
                              f"into the sampler that saved it, or pass a {mine}'s state_dict()")
         settings = self._settings()
-        missing = [key for key in ("epoch", "step", "sources", *settings, INTEGRITY_KEY)
-                   if key not in state]
-        if missing:
-            raise ValueError(f"state is missing {', '.join(map(repr, missing))}: it is not a "
-                             f"whole state_dict() of a {mine} (or it is corrupted); pass the dict "
-                             "that state_dict() returned (or a torch.load of it)")
+        check_state_keys(state, ["epoch", "step", "sources", *settings, INTEGRITY_KEY])
         verify(state, "sampler state")
         diffs = [(key, state[key], mine_) for key, mine_ in settings.items()
                  if not _same(state[key], mine_)]
