@@ -49,7 +49,7 @@ lightly losses (``NTXentLoss``), and class ``labels`` as a keyword, like pytorch
 Rows left without any negative (every other item shares the anchor's label and there is no memory
 bank) have loss ``-log(pos / pos) = 0`` and zero gradient; ``reduction="mean"`` still counts them.
 
-Layout: :mod:`.options` (each option declared once: type, default, check), :mod:`.functional`
+Layout: :mod:`.loss_options` (each option declared once: type, default, check), :mod:`.functional`
 and :mod:`.modules` (the losses, with their signatures and docs), :mod:`.masks`
 (:func:`guided_mask`); internal: :mod:`.core` (the computation: inputs prepared, logits,
 log-space negative term, debiasing, reduction; plain InfoNCE entirely there), :mod:`.inputs`

@@ -2,7 +2,7 @@
 
 Not public API (the losses are :mod:`hardbatch.losses`): the functions of :mod:`.functional` and
 the modules of :mod:`.modules` call :func:`compute_loss` with a checked options object
-(:mod:`.options`). One call:
+(:mod:`.loss_options`). One call:
 
 1. :func:`prepare_batch`: the input checks (:func:`check_pair_inputs`), half precision cast to
    float32, L2 normalisation (``hardbatch._validation.l2_normalize_rows``, the library's one row
@@ -105,12 +105,19 @@ def floor_stats(options: InfoNCEOptions, anchor: Tensor, positive: Tensor,
         log_s = log_negative_sum([core.logits], log_n, options.beta, True)
         log_ng = debias(log_s, core.log_pos, log_n, options.tau_plus or 0.0, core.temperature)
         floored = log_ng <= log_n - 1.0 / core.temperature
-        log_max = log_s - core.log_pos - log_n
+        # The floor binds iff tau_plus >= (S/N - f) / (pos - f), f = e^(-1/t) (normalised
+        # embeddings: pos, S/N >= f), evaluated in logs: e^(a - p) expm1(-1/t - a) / expm1(-1/t - p)
+        # with a = log(S/N), p = log pos.
+        mean_s = (log_s - log_n).double()
+        log_pos = core.log_pos.double()
+        inv_t = 1.0 / core.temperature
+        tau_star = ((mean_s - log_pos).exp() * torch.expm1(-inv_t - mean_s)
+                    / torch.expm1(-inv_t - log_pos))
         if core.has_neg is not None:
-            floored, log_max = floored[core.has_neg], log_max[core.has_neg]
+            floored, tau_star = floored[core.has_neg], tau_star[core.has_neg]
         if floored.numel() == 0:
             return 0.0, float("nan")
-        return float(floored.float().mean()), float(log_max.median().exp())
+        return float(floored.float().mean()), float(tau_star.median())
 
 
 def autocast_enabled(anchor) -> bool:
@@ -445,7 +452,11 @@ def log_negative_sum(
 
 def _log1mexp(x: Tensor) -> Tensor:
     """``log(1 - exp(x))`` for ``x < 0``, accurate on both sides of ``-log 2`` (Maechler 2012)."""
-    return torch.where(x > _LOG_HALF, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+    # Each branch sees only its own side of -log 2: torch.where differentiates both, and
+    # log1p(-exp(x)) at x just below 0 (exp(x) rounds to 1) would send back a NaN gradient.
+    near = torch.log(-torch.expm1(x.clamp(min=_LOG_HALF)))
+    far = torch.log1p(-torch.exp(x.clamp(max=_LOG_HALF)))
+    return torch.where(x > _LOG_HALF, near, far)
 
 
 def debias(

@@ -1,7 +1,7 @@
 """The losses as functions: :func:`contrastive_loss`, the one estimator, and its four settings.
 
 Each function checks its options once (it makes an options object of its arguments,
-:mod:`.options`) and computes the loss with :func:`~hardbatch.losses.core.compute_loss`, as a
+:mod:`.loss_options`) and computes the loss with :func:`~hardbatch.losses.core.compute_loss`, as a
 module does with the options it holds; :func:`debiased_floor_stats` measures the floor of
 DCL / HCL.
 """
@@ -300,9 +300,11 @@ def debiased_floor_stats(
 
     Returns ``(fraction, tau_plus_max)``: the fraction of rows (those with negatives) whose
     ``Ng`` in :func:`debiased_info_nce` / :func:`hard_negative_info_nce` (``beta``) is the clamp
-    value, i.e. ``tau_plus N pos >= S``; such a row's loss is ``softplus(log N - 1/t - log pos)``,
-    about 0 with almost no gradient. ``tau_plus_max`` is the (lower) median over rows of
-    ``S / (N pos)``: the ``tau_plus`` below which the median row is not clamped. The floor takes
+    value, i.e. ``(S - tau_plus N pos) / (1 - tau_plus) <= N e^(-1/t)``, which holds exactly when
+    ``tau_plus >= (S / N - e^(-1/t)) / (pos - e^(-1/t))`` (always below ``S / (N pos)``); such a
+    row's loss is ``softplus(log N - 1/t - log pos)``, about 0 with almost no gradient.
+    ``tau_plus_max`` is the (lower) median over rows of that bound: the ``tau_plus`` below which
+    the median row is not clamped. The floor takes
     most rows when positives are far closer than negatives at a low temperature (SimCSE's dropout
     positives at ``t = 0.05``: BatchSampler paper, Appendix B.6). No gradient.
 

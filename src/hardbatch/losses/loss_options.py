@@ -47,9 +47,14 @@ def option(default: Any, check: Callable[[Any], Any] | None = None, *, shown: bo
     return field(default=default, repr=shown, metadata={"check": check})
 
 
-def _flag(value: object) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"gather must be True or False, got {value!r}")  # noqa: TRY004
+def _flag(name: str) -> Callable[[object], None]:
+    """The check of the on/off option ``name``: True or False only (a string such as
+    ``"False"`` or a number such as ``0.5`` would otherwise be read by its truth value)."""
+    def check(value: object) -> None:
+        if not isinstance(value, bool):
+            raise ValueError(  # noqa: TRY004
+                f"{name} must be True or False, got {value!r}; pass a Python bool")
+    return check
 
 
 class LossOptions:
@@ -118,11 +123,11 @@ class InfoNCEOptions(LossOptions):
 
     temperature: float = option(0.5, check_temperature)
     form: Form = option("simclr", partial(check_choice, "form", choices=FORMS))
-    normalize: bool = option(True, shown=False)
+    normalize: bool = option(True, _flag("normalize"), shown=False)
     reduction: Reduction = option(
         "mean", partial(check_choice, "reduction", choices=REDUCTIONS), shown=False)
-    check_finite: bool = option(True, shown=False)
-    gather: bool = option(False, _flag, shown=False)
+    check_finite: bool = option(True, _flag("check_finite"), shown=False)
+    gather: bool = option(False, _flag("gather"), shown=False)
     group: ProcessGroup | None = option(None, shown=False)
 
 
@@ -151,7 +156,7 @@ class HCLOptions(DCLOptions):
     """
 
     beta: float = option(1.0, check_beta)
-    detach_weights: bool = option(False, shown=False)
+    detach_weights: bool = option(False, _flag("detach_weights"), shown=False)
 
 
 @dataclass(frozen=True)
@@ -170,8 +175,8 @@ class SSCLOptions(HCLOptions):
 
     hardest: int = option(32)  # checked with synthetic, in __post_init__
     synthetic: int = option(8)
-    mix: bool = option(True)
-    detach_synthetic: bool = option(False)
+    mix: bool = option(True, _flag("mix"))
+    detach_synthetic: bool = option(False, _flag("detach_synthetic"))
     generator: torch.Generator | None = option(None, check_generator, shown=False)
 
     def __post_init__(self) -> None:

@@ -1,6 +1,6 @@
 """The losses as ``torch.nn.Module`` classes, each holding one frozen options object.
 
-The constructor makes and checks it (:mod:`.options`), ``forward`` computes with it unchecked
+The constructor makes and checks it (:mod:`.loss_options`), ``forward`` computes with it unchecked
 (:func:`~hardbatch.losses.core.compute_loss`). Every option is an attribute of the module
 (``loss.generator = g`` replaces the options, checked again); those with ``repr=True`` make the
 module's repr.
@@ -138,8 +138,9 @@ class _DebiasedLoss(_ContrastiveLoss):
             if frac >= 0.5:
                 warnings.warn(
                     f"{type(self).__name__}: on {frac:.0%} of this batch's rows the debiased "
-                    f"negative term is clamped to its floor N*exp(-1/temperature) (tau_plus * N * "
-                    "pos >= the sum of negatives), so the loss is ~0 and gives almost no "
+                    f"negative term is clamped to its floor N*exp(-1/temperature) (the sum of "
+                    "negatives minus tau_plus * N * pos falls below it), so the loss is ~0 and "
+                    "gives almost no "
                     f"gradient: positives are far closer than negatives at temperature="
                     f"{opts.temperature:g}. Lower tau_plus (={opts.tau_plus:g}) below about "
                     f"{tau_max:.1e} or raise the temperature (the DCL / HCL papers use 0.5).",

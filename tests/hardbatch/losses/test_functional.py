@@ -148,7 +148,8 @@ def _floor_reference(anchor, positive, *, t, tau, beta, form, labels=None):
         imp = [math.exp(beta * s / t) for s in negs]
         big_s = sum(w * math.exp(s / t) for w, s in zip(imp, negs)) / (sum(imp) / n)
         floored.append((big_s - tau * n * pos) / (1 - tau) <= n * math.exp(-1 / t))
-        ratios.append(big_s / (n * pos))
+        floor = math.exp(-1 / t)
+        ratios.append((big_s / n - floor) / (pos - floor))  # tau_plus >= this: on the floor
     return sum(floored) / len(floored), sorted(ratios)[(len(ratios) - 1) // 2]  # lower median
 
 
@@ -165,6 +166,40 @@ def test_debiased_floor_stats_matches_reference(form, beta, labelled):
     assert 0.0 < ref_frac < 1.0  # the data mixes floored and free rows
     assert frac == pytest.approx(ref_frac)
     assert tau_max == pytest.approx(ref_tau, rel=1e-9)
+
+
+def test_debiased_floor_bound_is_where_the_clamp_starts():
+    # Near-antipodal negatives: the clamp binds well below S / (N pos) (a review's example);
+    # tau_plus_max is the exact bound, so each row is free just below it and floored just above.
+    a = torch.tensor([[1.0, 0.0], [-1.0, 0.02]])
+    p = torch.tensor([[0.99, 0.14], [-0.99, 0.16]])
+    _, tau_max = debiased_floor_stats(a, p, temperature=0.5, tau_plus=0.1, form="simcse")
+    assert 0.0 < tau_max < 1.0
+    below, _ = debiased_floor_stats(a, p, temperature=0.5, tau_plus=tau_max * 0.99,
+                                    form="simcse")
+    above, _ = debiased_floor_stats(a, p, temperature=0.5, tau_plus=min(tau_max * 1.01, 0.999),
+                                    form="simcse")
+    assert below <= 0.5 < above
+
+
+def test_debiased_gradient_is_finite_where_the_ratio_nears_one():
+    # log(1 - tau N pos / S) with the ratio within float32's rounding of 1: the loss is finite,
+    # and so must the gradient be (torch.where differentiates the branch it discards too).
+    from hardbatch.losses.core import _log1mexp
+
+    x = torch.tensor([-1e-9, -1e-20, -0.1, -5.0], requires_grad=True)
+    _log1mexp(x).sum().backward()
+    assert torch.isfinite(x.grad).all()
+    torch.testing.assert_close(x.grad[2:], (-x.detach().exp() / -torch.expm1(x.detach()))[2:])
+    nan_rows = 0
+    for c in torch.linspace(-math.log(0.9) - 6e-7, -math.log(0.9) + 6e-7, 600):
+        a = torch.tensor([[1.0, 0.0], [0.0, 1.0]], requires_grad=True)
+        p = torch.tensor([[float(c), math.sqrt(1 - float(c) ** 2)], [0.0, 1.0]])
+        loss = debiased_info_nce(a, p, temperature=1.0, form="simcse", tau_plus=0.9)
+        loss.backward()
+        assert torch.isfinite(loss)
+        nan_rows += int(not torch.isfinite(a.grad).all())
+    assert nan_rows == 0
 
 
 def test_debiased_floor_rows_have_zero_loss_and_gradient():
