@@ -125,7 +125,7 @@ def reading_notes(args, n: int, batch_size: int, batches: int, rows: list[dict],
     if walks and batches >= epoch:
         notes.append("walk samplers (knn, proximity) build batches around start items not yet "
                      "seen and their batches overlap: their coverage of an epoch stays below 1 "
-                     "(uniform and gcbs partition the items)")
+                     "(uniform, gcbs, cluster and community partition the items)")
     if args.loss_gap:
         notes += loss_gap_notes(rows, args.temperature)
         if args.reference is not None:

@@ -1,6 +1,8 @@
 """The plan file format of :mod:`hardbatch.plan_files`: writing a plan's Parquet table with
-its metadata and checksum (atomically), and reading it back checked (:func:`read_plan`,
-:class:`Plan`). The format and why it is Parquet: :mod:`hardbatch.plan_files`.
+its metadata (the options as JSON: :func:`jsonable_options`) and checksum (atomically), and
+reading it back checked (:func:`read_plan`, :class:`Plan`); the inputs plans are written from,
+a Parquet file's column (:func:`parquet_column`) and a ``save_to_disk`` folder
+(:func:`dataset_folder`). The format and why it is Parquet: :mod:`hardbatch.plan_files`.
 
 Public names of a private module: the library's own helpers; users import them from
 :mod:`hardbatch.plan_files` (or :mod:`hardbatch`).
@@ -8,6 +10,7 @@ Public names of a private module: the library's own helpers; users import them f
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -16,11 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ._integrity import digest
+from ._integrity import digest, library_version
 from ._validation import check_int
 
 __all__ = ["FORMAT", "META_FIELDS", "META_KEY", "VERSION", "Plan", "atomic_write",
-           "pyarrow_modules", "read_plan", "write_table"]
+           "dataset_folder", "jsonable_options", "parquet_column", "pyarrow_modules",
+           "read_plan", "write_table"]
 
 FORMAT, VERSION, META_KEY = "hardbatch-plan", 1, b"hardbatch.plan"
 META_FIELDS = ("format", "version", "sampler", "options", "seed", "epochs", "world_size",
@@ -37,6 +41,78 @@ def pyarrow_modules():
         raise ImportError('plan files are Parquet files, read and written with pyarrow: '
                           'pip install "hardbatch[plans]"') from None
     return pa, pq
+
+
+def parquet_column(path, column, what: str):
+    """Parquet file ``path``'s ``column`` (a pyarrow array); ``ValueError`` naming the file and
+    the columns there are (``what``: the column's content, for the message).
+
+    Example:
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> from hardbatch._plan_format import parquet_column
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> pq.write_table(pa.table({"text": ["a", "b"]}), f"{tmp.name}/t.parquet")
+        >>> parquet_column(f"{tmp.name}/t.parquet", "text", "text").to_pylist()
+        ['a', 'b']
+        >>> tmp.cleanup()
+    """
+    pa, pq = pyarrow_modules()
+    try:
+        names = pq.read_schema(path).names
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"{path} is not a readable Parquet file ({exc})") from None
+    if column not in names:
+        raise ValueError(f"{path} has no column {column!r} (its columns: {', '.join(names)}); "
+                         f"pass column= (hardbatch plan --column) naming the {what} column")
+    return pq.read_table(path, columns=[column]).column(column).combine_chunks()
+
+
+def dataset_folder(path):
+    """The ``datasets.Dataset`` that ``Dataset.save_to_disk`` wrote to the folder ``path``;
+    ``ValueError`` for another folder or a ``DatasetDict``'s (naming the split folders).
+
+    Example:
+        >>> import tempfile, datasets
+        >>> from hardbatch._plan_format import dataset_folder
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> datasets.Dataset.from_dict({"anchor": ["a", "b"]}).save_to_disk(tmp.name)
+        >>> list(dataset_folder(tmp.name)["anchor"])
+        ['a', 'b']
+        >>> tmp.cleanup()
+    """
+    try:
+        from datasets import load_from_disk
+    except ImportError:
+        raise ImportError(f"{path} is a folder: reading a save_to_disk folder needs datasets "
+                          "(pip install datasets)") from None
+    try:
+        data = load_from_disk(os.fspath(path))
+    except FileNotFoundError as exc:
+        raise ValueError(f"embeddings={os.fspath(path)!r} is a folder but not one that datasets' "
+                         f"save_to_disk wrote ({exc}); pass such a folder, a .parquet file or a "
+                         "list of texts") from None
+    if isinstance(data, dict):  # a DatasetDict: one folder per split
+        raise ValueError(f"embeddings={os.fspath(path)!r} holds a DatasetDict; pass the folder "
+                         f"of one split: {', '.join(os.path.join(path, k) for k in data)}")
+    return data
+
+
+def jsonable_options(options: dict) -> dict:
+    """The options as JSON; a long value (an array, per-item keys) as a summary and SHA-256.
+
+    Example:
+        >>> from hardbatch._plan_format import jsonable_options
+        >>> jsonable_options({"k": 5, "keys": list(range(200))})["keys"]["summary"]
+        'list of 200 items'
+    """
+    out = {}
+    for key, value in options.items():
+        text = json.dumps(value, sort_keys=True,
+                          default=lambda v: v.tolist() if hasattr(v, "tolist") else repr(v))
+        out[key] = json.loads(text) if len(text) <= 512 else {
+            "summary": f"{type(value).__name__} of {len(json.loads(text))} items",
+            "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    return out
 
 
 def atomic_write(path, write) -> None:
@@ -178,6 +254,13 @@ def read_plan(path) -> Plan:
                          "hardbatch plan")
     try:
         meta = json.loads(raw)
+        if meta.get("format") == FORMAT and isinstance(meta.get("version"), int) and \
+                meta["version"] > VERSION:
+            raise ValueError(f"{path} was written by a newer hardbatch ("
+                             f"{meta.get('hardbatch_version', '?')}, plan format version "
+                             f"{meta['version']}) than this one ({library_version()}, which "
+                             f"reads version {VERSION}); upgrade hardbatch: pip install -U "
+                             "hardbatch")
         if (meta.get("format"), meta.get("version")) != (FORMAT, VERSION):
             raise _corrupt(path, f"its metadata says format {meta.get('format')!r} version "
                                  f"{meta.get('version')!r}; this hardbatch reads {FORMAT!r} "
@@ -185,10 +268,12 @@ def read_plan(path) -> Plan:
         if [k for k in META_FIELDS if k not in meta]:
             raise _corrupt(path, f"its metadata lacks {[k for k in META_FIELDS if k not in meta]}")
         columns = [table.column(c) for c in ("epoch", "rank", "step")]
-        lists = table.column("rows").combine_chunks()
-        if any(c.null_count for c in columns) or lists.null_count or \
-                not pa.types.is_large_list(lists.type):
-            raise _corrupt(path, "its columns hold nulls or 'rows' is not a list column")
+        lists = table.column("rows").combine_chunks()  # large_list, or list from another writer
+        if any(c.null_count for c in columns) or lists.null_count or not (
+                pa.types.is_large_list(lists.type) or pa.types.is_list(lists.type)) or \
+                not pa.types.is_integer(lists.type.value_type):
+            raise _corrupt(path, "its columns hold nulls or 'rows' is not a list column of "
+                                 "integers")
         keys = np.stack([c.to_numpy() for c in columns], 1).astype(np.int64)
         offsets = lists.offsets.to_numpy().astype(np.int64)
         rows = lists.flatten().to_numpy().astype(np.int64)

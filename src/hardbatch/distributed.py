@@ -9,8 +9,10 @@ device the backend needs: CUDA for ``nccl`` (``torch.cuda.current_device()``),
 CPU for ``gloo``. This module imports nothing of the builds: they import it.
 
 - :func:`all_gather_rows`: concatenation over ranks of tensors with equal
-  trailing shape and *uneven* row counts (counts first, then a padded
-  ``all_gather``, padding stripped), in rank order.
+  trailing shape and *uneven* row counts (first one small gather of every rank's row
+  count, trailing shape and dtype, and ``counts`` when given, so that a mismatch raises
+  the same ``ValueError`` on every rank; then a padded ``all_gather``, padding stripped),
+  in rank order.
   :func:`all_gather_rows_with_grad` is the same concatenation with a gradient:
   its backward sums the gradient of the whole concatenation over the ranks
   (``all_reduce``) and hands each rank the rows it contributed, so a loss of
@@ -33,6 +35,8 @@ CPU for ``gloo``. This module imports nothing of the builds: they import it.
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.distributed as dist
@@ -118,6 +122,63 @@ def all_gather_ints(values: list[int], group=None) -> list[list[int]]:
     return [p.tolist() for p in parts]
 
 
+_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+_TRAILING = 6  # trailing dims sent as they are (more: the rest folded into the last slot)
+
+
+def _layout(tensor: torch.Tensor) -> list[int]:
+    """``[rows, ndim, *trailing dims (-1 padded), dtype code]``: the same length on every rank."""
+    trailing = list(tensor.shape[1:])
+    if len(trailing) > _TRAILING:
+        folded = 0
+        for size in trailing[_TRAILING - 1:]:
+            folded = (folded * 1_000_003 + size + 1) % (1 << 61)
+        trailing = trailing[:_TRAILING - 1] + [folded]
+    code = _DTYPES.index(tensor.dtype) if tensor.dtype in _DTYPES else -1
+    return [tensor.shape[0] if tensor.ndim else -1, tensor.ndim,
+            *trailing, *[-1] * (_TRAILING - len(trailing)), code]
+
+
+def _describe(layout: list[int]) -> str:
+    dims = ["n", *map(str, layout[2:2 + min(max(layout[1] - 1, 0), _TRAILING)])]
+    dtype = _DTYPES[layout[-1]] if 0 <= layout[-1] < len(_DTYPES) else "?"
+    return f"[{', '.join(dims[:max(layout[1], 0)])}] {dtype}"
+
+
+def _valid_counts(counts, world: int) -> bool:
+    try:
+        return len(counts) == world and all(operator.index(c) >= 0 for c in counts)
+    except TypeError:
+        return False
+
+
+def _checked_rows(tensor: torch.Tensor, counts, group, name: str) -> list[int]:
+    """Every rank's row count, from one :func:`all_gather_ints` of every rank's row count,
+    trailing shape, dtype and ``counts`` (when given): a mismatch raises the same
+    ``ValueError`` on every rank before the data collective, so that no rank waits alone."""
+    world = dist.get_world_size(group)
+    given = 0 if counts is None else 1 if _valid_counts(counts, world) else 2
+    sent = [operator.index(c) for c in counts] if given == 1 else [0] * world
+    width = _TRAILING + 3
+    infos = all_gather_ints([*_layout(tensor), given, *sent], group)
+    layouts, rows = [i[:width] for i in infos], [i[0] for i in infos]
+    flat = [r for r, lay in enumerate(layouts) if lay[1] == 0]
+    if flat:
+        raise ValueError(f"{name} needs tensors with a row dimension (ndim >= 1), got a 0-dim "
+                         f"tensor on rank(s) {flat}; pass tensor.reshape(1, ...) or [n, ...]")
+    if len({tuple(lay[1:]) for lay in layouts}) > 1:
+        got = ", ".join(f"rank {r}: {_describe(lay)}" for r, lay in enumerate(layouts))
+        raise ValueError(f"{name} needs the same trailing shape and dtype on every rank, got "
+                         f"{got}; reshape or cast every rank's tensor to one [n_r, ...] and dtype")
+    for r, info in enumerate(infos):
+        if info[width] == 2 or (info[width] == 1 and info[width + 1:] != rows):
+            got = f"={info[width + 1:]}" if info[width] == 1 else f" of {world} ints expected"
+            raise ValueError(
+                f"{name}: counts{got} on rank {r} must list every rank's tensor.shape[0] in "
+                f"rank order, here {rows}; pass those, or counts=None to have them gathered")
+    return rows
+
+
 def _gather_padded(tensor: torch.Tensor, counts: list[int], group) -> torch.Tensor:
     """``all_gather`` of ``tensor`` padded to ``max(counts)`` rows; padding dropped."""
     dev = _comm_device(group)
@@ -132,12 +193,15 @@ def all_gather_rows(tensor: torch.Tensor, group=None, counts: list[int] | None =
                     ) -> torch.Tensor:
     """Concatenate ``tensor`` [n_r, ...] of every rank along dim 0, in rank order.
 
-    Ranks may hold different row counts n_r (e.g. a short last batch): counts
-    are gathered first (or taken from ``counts``, every rank's n_r, when the
-    caller knows them), every rank pads to the largest, and the padding is
-    dropped. The result lives on ``tensor``'s device and has no gradient
-    (:func:`all_gather_rows_with_grad` has one). Returns ``tensor`` itself when
-    not distributed.
+    Ranks may hold different row counts n_r (e.g. a short last batch): one small
+    :func:`all_gather_ints` first exchanges every rank's n_r, trailing shape and dtype
+    (and ``counts``, every rank's n_r in rank order, when the caller passes them: they
+    are checked, not trusted), every rank pads to the largest n_r, and the padding is
+    dropped. A different trailing shape or dtype on some rank, or ``counts`` that are
+    not the n_r, raise the same ``ValueError`` on every rank before the data is
+    gathered (no rank is left waiting). The result lives on ``tensor``'s device and
+    has no gradient (:func:`all_gather_rows_with_grad` has one). Returns ``tensor``
+    itself when not distributed.
 
     Example:
         >>> import torch
@@ -148,9 +212,7 @@ def all_gather_rows(tensor: torch.Tensor, group=None, counts: list[int] | None =
     """
     if not is_distributed(group):
         return tensor
-    if counts is None:
-        counts = [c[0] for c in all_gather_ints([tensor.shape[0]], group)]
-    return _gather_padded(tensor, counts, group)
+    return _gather_padded(tensor, _checked_rows(tensor, counts, group, "all_gather_rows"), group)
 
 
 class _AllGatherRows(torch.autograd.Function):
@@ -175,7 +237,8 @@ class _AllGatherRows(torch.autograd.Function):
 
 def all_gather_rows_with_grad(tensor: torch.Tensor, group=None,
                               counts: list[int] | None = None) -> torch.Tensor:
-    """:func:`all_gather_rows` with a gradient flowing back to every rank's rows.
+    """:func:`all_gather_rows` with a gradient flowing back to every rank's rows (the same
+    checks of every rank's shape, dtype and ``counts`` first, raised on every rank).
 
     The backward is a collective (an ``all_reduce`` of the ``[sum n_r, ...]`` gradient):
     every rank must back-propagate through the result (as under DDP, where every rank calls
@@ -197,9 +260,8 @@ def all_gather_rows_with_grad(tensor: torch.Tensor, group=None,
     """
     if not is_distributed(group):
         return tensor
-    if counts is None:
-        counts = [c[0] for c in all_gather_ints([tensor.shape[0]], group)]
-    return _AllGatherRows.apply(tensor, list(counts), group)
+    rows = _checked_rows(tensor, counts, group, "all_gather_rows_with_grad")
+    return _AllGatherRows.apply(tensor, rows, group)
 
 
 def rank_share(num_units: int, group=None) -> tuple[int, int]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from .cli_types import positive_int
 from .plan_files import write_plan
@@ -113,14 +112,10 @@ def run_plan(args: argparse.Namespace) -> int:
         >>> tmp.cleanup()
     """
     options = dict(args.option)
-    data = args.embeddings
     try:
-        if args.model is not None and Path(data).is_dir():
-            from datasets import load_from_disk
-            data = load_from_disk(data)
-        plan = write_plan(args.out, data, args.sampler, args.batch_size, options=options,
-                          epochs=args.epochs, world_size=args.world_size, seed=args.seed,
-                          column=args.column, model=args.model,
+        plan = write_plan(args.out, args.embeddings, args.sampler, args.batch_size,
+                          options=options, epochs=args.epochs, world_size=args.world_size,
+                          seed=args.seed, column=args.column, model=args.model,
                           encode_batch_size=args.encode_batch_size)
     except ImportError as exc:
         print(f"hardbatch plan: error: {exc}", file=sys.stderr)

@@ -27,7 +27,6 @@ checked reading live in ``hardbatch._plan_format``.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -38,8 +37,8 @@ import numpy as np
 from torch.utils.data import BatchSampler, Sampler, SequentialSampler
 
 from ._integrity import digest, library_version, seal, verify
-from ._plan_format import FORMAT, VERSION, Plan, atomic_write, pyarrow_modules, read_plan, \
-    write_table
+from ._plan_format import FORMAT, VERSION, Plan, atomic_write, dataset_folder, jsonable_options, \
+    parquet_column, pyarrow_modules, read_plan, write_table
 from ._validation import check_int, embedding_tensor, num_items_of
 from .distributed import get_rank_world
 from .registry import canonical_sampler, make_sampler
@@ -52,21 +51,10 @@ WRITERS = {".parquet": "to_parquet", ".jsonl": "to_json", ".json": "to_json", ".
 
 
 # -- embeddings ------------------------------------------------------------------------------
-def _parquet_column(path, column, what: str):
-    pa, pq = pyarrow_modules()
-    try:
-        names = pq.read_schema(path).names
-    except pa.ArrowInvalid as exc:
-        raise ValueError(f"{path} is not a readable Parquet file ({exc})") from None
-    if column not in names:
-        raise ValueError(f"{path} has no column {column!r} (its columns: {', '.join(names)}); "
-                         f"pass column= (hardbatch plan --column) naming the {what} column")
-    return pq.read_table(path, columns=[column]).column(column).combine_chunks()
-
-
 def _texts(data, column) -> list[str]:
     if isinstance(data, (str, os.PathLike)):
-        data = _parquet_column(data, column, "text").to_pylist()
+        data = dataset_folder(data) if os.path.isdir(data) else \
+            parquet_column(data, column, "text").to_pylist()
     if isinstance(data, (list, tuple)) and all(isinstance(t, str) for t in data):
         return list(data)
     from .integrations.sentence_transformers import column_texts
@@ -78,8 +66,9 @@ def load_embeddings(embeddings, *, column: str | None = None, model=None,
     """Float32 ``[N, d]`` rows of an array or tensor, a ``.npy`` / ``.npz`` / ``.pt`` / ``.pth``
     file or a ``.parquet`` file's list ``column``; with ``model`` (a ``SentenceTransformer``, or
     a name or path to load one; imported lazily), the model's unit-norm embeddings of the texts
-    in ``embeddings``: a list of strings, or a ``datasets.Dataset`` / ``.parquet`` file and its
-    text ``column`` (default: a dataset's first column), ``encode_batch_size`` per encode batch.
+    in ``embeddings``: a list of strings, or a ``datasets.Dataset``, a folder it was saved to
+    (``save_to_disk``) or a ``.parquet`` file, and its text ``column`` (default: a dataset's
+    first column), ``encode_batch_size`` per encode batch.
 
     Example:
         >>> import tempfile, numpy as np
@@ -102,12 +91,15 @@ def load_embeddings(embeddings, *, column: str | None = None, model=None,
             Path(embeddings).suffix.lower() == ".parquet":
         name = f"column {column!r} of {embeddings}"
         try:  # one list of d numbers per row
-            x = np.stack(_parquet_column(embeddings, column, "embeddings").to_numpy(False))
+            x = np.stack(parquet_column(embeddings, column, "embeddings").to_numpy(False))
         except (ValueError, TypeError) as exc:
             if str(exc).startswith(str(embeddings)):
                 raise
             raise ValueError(f"{name} must hold one list of d numbers (an embedding) per row, "
                              f"without nulls ({exc})") from None
+    elif isinstance(embeddings, (str, os.PathLike)) and os.path.isdir(embeddings):
+        raise ValueError(f"embeddings={os.fspath(embeddings)!r} is a folder: a datasets folder "
+                         "holds texts, which model= (hardbatch plan --model) encodes")
     elif isinstance(embeddings, (str, os.PathLike)):
         from .metrics.files import read_embeddings_file  # .npy / .npz / .pt, checked
         x = read_embeddings_file(embeddings)
@@ -115,18 +107,6 @@ def load_embeddings(embeddings, *, column: str | None = None, model=None,
 
 
 # -- writing ---------------------------------------------------------------------------------
-def _jsonable(options: dict) -> dict:
-    """The options as JSON; a long value (an array, per-item keys) as a summary and SHA-256."""
-    out = {}
-    for key, value in options.items():
-        text = json.dumps(value, sort_keys=True,
-                          default=lambda v: v.tolist() if hasattr(v, "tolist") else repr(v))
-        out[key] = json.loads(text) if len(text) <= 512 else {
-            "summary": f"{type(value).__name__} of {len(json.loads(text))} items",
-            "sha256": hashlib.sha256(text.encode()).hexdigest()}
-    return out
-
-
 def _from_states(sampler, epochs: int, world: int):
     """Every rank's batches from rank 0's sampler alone: ``state_dict(consumed=k)`` holds the W
     batches of each step yielded since step k (a rank's state resumes every rank); checked
@@ -206,8 +186,9 @@ def write_plan(path, embeddings, sampler: str, batch_size: int, *, options: dict
     x = load_embeddings(embeddings, column=column, model=model,
                         encode_batch_size=encode_batch_size)
     batches = _sampler_batches(name, x, batch_size, options, seed, epochs, world_size)
-    meta = {"format": FORMAT, "version": VERSION, "sampler": name, "options": _jsonable(options),
-            "seed": seed, "epochs": epochs, "world_size": world_size, "batch_size": batch_size,
+    meta = {"format": FORMAT, "version": VERSION, "sampler": name,
+            "options": jsonable_options(options), "seed": seed, "epochs": epochs,
+            "world_size": world_size, "batch_size": batch_size,
             "steps_per_epoch": len(batches[0, 0]), "num_rows": int(x.shape[0]),
             "embeddings_sha256": digest(x), "hardbatch_version": library_version()}
     write_table(path, meta, batches)
@@ -262,7 +243,7 @@ def write_batches(path, batches, *, num_rows: int, batch_size: int, sampler: str
                                  f"{b.min(initial=0)}..{b.max(initial=0)}; a batch holds 1.."
                                  f"batch_size={batch_size} ids in 0..num_rows - 1={num_rows - 1}")
     meta = {"format": FORMAT, "version": VERSION, "sampler": str(sampler),
-            "options": _jsonable(dict(options or {})), "seed": check_int(seed, "seed"),
+            "options": jsonable_options(dict(options or {})), "seed": check_int(seed, "seed"),
             "epochs": len(epochs), "world_size": 1, "batch_size": batch_size,
             "steps_per_epoch": steps, "num_rows": num_rows,
             "embeddings_sha256": None if embeddings is None else digest(
@@ -403,6 +384,10 @@ class PlanSamplerFactory:
     saves its arguments: it keeps the plan's path and reads the plan again when unpickled)."""
 
     def __init__(self, plan, train_dataset=None) -> None:
+        if isinstance(train_dataset, dict):  # a DatasetDict
+            raise ValueError(f"train_dataset is a DatasetDict (splits {', '.join(train_dataset)})"
+                             ": a plan holds the batches of one dataset; pass the split it was "
+                             "written for (train_dataset=data['train'])")
         self.plan, self.train_dataset, self.samplers = _as_plan(plan), train_dataset, []
         self.path = self.plan.path
 
@@ -416,6 +401,8 @@ class PlanSamplerFactory:
                              f"the trainer asks for {batch_size}; set per_device_train_batch_size"
                              f"={self.plan.batch_size} (or write the plan with this batch size)")
         self.samplers.append(PlanBatchSampler(self.plan, dataset=dataset, interleave_ranks=True))
+        from .integrations.sentence_transformers.resume import register_resume
+        register_resume(self, dataset)  # a resumed run replays the trainer's epoch
         return self.samplers[-1]
 
     def __getstate__(self) -> dict:
@@ -429,7 +416,9 @@ def plan_batch_sampler(plan, *, train_dataset=None) -> PlanSamplerFactory:
     """``SentenceTransformerTrainingArguments(batch_sampler=plan_batch_sampler(path))``: the
     training batches are the plan's, in order, epoch by epoch; under multi-GPU training
     accelerate hands process r rank r's batches (the plan's world size must be the job's). With
-    ``train_dataset``, another dataset (evaluation) gets sequential batches.
+    ``train_dataset`` (one dataset: a ``DatasetDict`` is a ``ValueError``), another dataset
+    (evaluation) gets sequential batches. A resumed run (``resume_from_checkpoint``) replays the
+    rest of its epoch: a callback the factory registers with the trainer sets the epoch.
 
     Example:
         >>> import tempfile, numpy as np

@@ -11,6 +11,9 @@ Each rank prints ``RANK r OK`` at the end; any failed check raises.
 
 ``distributed_worker.py trainer`` runs only :func:`check_trainer_skip` (a few seconds): the
 Trainer under DDP when one rank's batch has a single item (issue 17.10).
+``distributed_worker.py checks`` runs only :func:`check_gather_errors` and
+:func:`check_trainer_guide` (a few seconds): all_gather_rows' errors on every rank, and
+``Trainer(guide=...)`` with a ``gather=True`` loss.
 """
 
 from __future__ import annotations
@@ -247,13 +250,82 @@ def check_trainer_skip(rank: int, world: int) -> None:
     assert all(torch.equal(t, everyone[0][1]) and s == everyone[0][2] for _, t, s in everyone)
 
 
-def main_trainer() -> None:
+def expect_error(match: str, fn, *args, **kw) -> None:
+    """``fn`` raises a ValueError whose message contains ``match`` (on this rank)."""
+    try:
+        fn(*args, **kw)
+    except ValueError as err:
+        assert match in str(err), str(err)
+        return
+    raise AssertionError(f"no ValueError ({match!r})")
+
+
+def check_gather_errors(rank: int, world: int) -> None:
+    """Wrong ``counts``, a different trailing shape or dtype on one rank: the same ValueError
+    on every rank before any data moves (no padding rows, no dropped rows, no gloo crash),
+    after which the ranks still gather together."""
+    rows = torch.full((3 if rank == 0 else 2, 2), float(rank + 1))
+    want = torch.cat([torch.full((3 if r == 0 else 2, 2), float(r + 1)) for r in range(world)])
+    sizes = [3] + [2] * (world - 1)
+    for fn in (hbdist.all_gather_rows, hbdist.all_gather_rows_with_grad):
+        expect_error("counts=[3, 3] on rank 0 must list every rank's tensor.shape[0]", fn,
+                     rows, counts=[3] * world)  # would pad a zero row
+        expect_error("counts=[3, 1] on rank 0", fn, rows, counts=[3] + [1] * (world - 1))
+        expect_error(f"counts of {world} ints expected on rank 0", fn, rows, counts=[3])
+        bad = sizes if rank == 0 else [2] * world  # only rank 1's counts are wrong
+        expect_error("counts=[2, 2] on rank 1", fn, rows, counts=bad)
+        assert torch.equal(fn(rows, counts=sizes).detach(), want)
+    expect_error("same trailing shape and dtype on every rank, got rank 0: [n, 4] torch.float32,"
+                 " rank 1: [n, 5] torch.float32", hbdist.all_gather_rows,
+                 torch.ones(3, 4 if rank == 0 else 5))
+    expect_error("rank 1: [n, 4] torch.float16", hbdist.all_gather_rows,
+                 torch.ones(3, 4, dtype=torch.float32 if rank == 0 else torch.float16))
+    expect_error("rank 1: [n, 2, 3]", hbdist.all_gather_rows_with_grad,
+                 torch.ones(3, 6) if rank == 0 else torch.ones(3, 2, 3))
+    assert torch.equal(hbdist.all_gather_rows(rows), want)  # the ranks still work together
+
+
+def check_trainer_guide(rank: int, world: int) -> None:
+    """Trainer(guide=[N, d']) with InfoNCE(gather=True) under DDP: the loss gets the guided
+    mask of this rank's anchors against the global batch, [b, B_global] (it raised before:
+    the mask was [b, b])."""
+    from hardbatch.train import Trainer
+
+    class Recording(hb.InfoNCE):
+        masks: list = []
+
+        def forward(self, anchor, positive, labels=None, negatives=None, false_negatives=None):
+            self.masks.append(false_negatives)
+            return super().forward(anchor, positive, labels, negatives, false_negatives)
+
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(6, 4))
+    gen = torch.Generator().manual_seed(1)
+    x, guide = torch.randn(16, 6, generator=gen), torch.randn(16, 3, generator=gen)
+    guide[1::2] = guide[::2] + 0.01 * torch.randn(8, 3, generator=gen)  # near pairs to mask
+    loss = Recording(0.5, gather=True)
+    result = Trainer(model, loss, hb.UniformBatchSampler(16, 4, seed=0), x, epochs=1,
+                     progress=False, guide=guide, guide_margin=0.1).fit()
+    batches = gather_objects(result.last_epoch_batches)
+    assert len(loss.masks) == len(batches[rank]) == 2
+    for step, mask in enumerate(loss.masks):
+        items = torch.tensor([i for r in range(world) for i in batches[r][step]])
+        full = hb.guided_mask(guide[items], guide[items], 0.1, form="simclr")
+        assert torch.equal(mask, full[4 * rank:4 * rank + 4]), (rank, step)
+    assert any(m.any() for m in loss.masks)
+
+
+def main_trainer(checks: bool = False) -> None:
     from datetime import timedelta
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
-    check_trainer_skip(rank, world)
+    if checks:
+        check_gather_errors(rank, world)
+        check_trainer_guide(rank, world)
+    else:
+        check_trainer_skip(rank, world)
     dist.barrier()
     print(f"RANK {rank} OK", flush=True)
     end_torchrun_worker()
@@ -282,7 +354,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     try:
-        main_trainer() if sys.argv[1:] == ["trainer"] else main()
+        if sys.argv[1:] in (["trainer"], ["checks"]):
+            main_trainer(checks=sys.argv[1] == "checks")
+        else:
+            main()
     except Exception:  # noqa: BLE001 - report any failure, then exit without hanging
         import traceback
 

@@ -42,6 +42,16 @@ def test_trainer_skips_a_one_item_batch_on_every_rank_under_ddp():
     _torchrun("trainer", timeout=120)
 
 
+@needs_gloo
+def test_gather_checks_and_trainer_guide_with_gathered_loss_under_ddp():
+    """all_gather_rows(_with_grad) with counts that are not every rank's row count, or with a
+    different trailing shape or dtype on one rank, raise the same ValueError on every rank
+    (they padded zero rows, dropped rows, or crashed in gloo); Trainer(guide=...) with
+    InfoNCE(gather=True) passes the loss the [b, B_global] guided mask (it passed [b, b] and
+    the loss raised). distributed_worker.py check_gather_errors / check_trainer_guide."""
+    _torchrun("checks", timeout=300)
+
+
 def test_single_process_functions_are_plain_calls(rng):
     """One process: the collectives hand back their input, the sharded builds equal the
     plain builds."""

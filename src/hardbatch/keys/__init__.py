@@ -11,7 +11,8 @@ repaired by swaps. One module per question:
   the numba kernels of the walks and kNN batches);
 * :mod:`~hardbatch.keys.feasibility`: whether a request can be met, with errors naming the key
   and the fix;
-* :mod:`~hardbatch.keys.repair`: making a partition key-free (swaps, then a construction);
+* :mod:`~hardbatch.keys.repair`: making a partition key-free (swaps, then a construction;
+  key sets: a fixed trial partition when the order defeats the greedy);
 * :mod:`~hardbatch.keys.derive`: keys computed from data (shared values, near-duplicates in an
   embedding, the graph of items sharing a key).
 """
@@ -34,7 +35,7 @@ from .feasibility import (
     greedy_independent,
 )
 from .membership import free_of, item_keys
-from .repair import greedy_partition, partition_capacities, separate_keys
+from .repair import greedy_partition, partition_capacities, separate_keys, trial_partition
 
 __all__ = [
     "DuplicateKeys",
@@ -56,5 +57,6 @@ __all__ = [
     "separate_keys",
     "set_keys",
     "shared_value_keys",
+    "trial_partition",
     "value_key",
 ]

@@ -11,7 +11,8 @@ smaller ``batch_size``, keys that tell more items apart, merged copies, or
 * :func:`check_partition_keys`: partitions (an epoch's order cut into batches of
   :func:`~hardbatch.keys.repair.partition_capacities`) can keep single keys apart exactly when
   the Gale-Ryser condition holds; for key sets, no key may be held by more items than there
-  are batches, and a trial :func:`~hardbatch.keys.repair.separate_keys` runs.
+  are batches, and :func:`~hardbatch.keys.repair.trial_partition` (the repair of one fixed
+  order) must succeed: it is what an epoch falls back to, so every epoch then succeeds.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ import heapq
 
 import numpy as np
 
-from .. import _rng
 from .encode import KEYS_OFF, DuplicateKeys
-from .repair import partition_capacities, separate_keys
+from .repair import partition_capacities, trial_partition, unseparable
 from .._validation import check_int
 
 __all__ = ["check_partition_keys", "check_walk_keys", "closed_neighbourhood_bound",
@@ -74,7 +74,10 @@ def check_partition_keys(keys: DuplicateKeys, num_items: int, batch_size: int,
     ``drop_last`` the N mod B dropped items are taken from the largest groups first.
     ``batches`` (with ``drop_last``): the full batches the plan serves, when fewer than
     floor(N / B) (a sampler split over W ranks serves whole steps of W batches); the other
-    items count as dropped.
+    items count as dropped. Key sets have no exact condition: the check is that
+    :func:`~hardbatch.keys.repair.trial_partition` succeeds, and since an epoch whose order
+    the repairs cannot fix falls back to those batches, a sampler that passes this check
+    never raises in a later epoch.
 
     Example:
         >>> from hardbatch.keys import check_partition_keys, encode_keys
@@ -99,10 +102,10 @@ def check_partition_keys(keys: DuplicateKeys, num_items: int, batch_size: int,
             f"{nb} batches of batch_size={batch_size}, so two of them (of items "
             f"{keys.rows(k)}) must share a batch; use batch_size <= {num_items // c}, or "
             "merge / drop the copies")
-    if keys.sets:  # no exact condition for conflicts: a trial repair of a random order
-        if keys.any:
-            order = _rng.permutation(num_items, _rng.derive_seed(0, 0, 0xC0F))
-            separate_keys(order, int(caps.sum()), batch_size, keys)
+    if keys.sets:  # no exact condition for conflicts: the trial repair of a fixed order,
+        # the partition an epoch falls back to when its own order defeats the repairs
+        if keys.any and trial_partition(num_items, int(caps.sum()), batch_size, keys) is None:
+            raise unseparable(batch_size, keys)
         return
     # reach[t - 1] = sum_k min(c_k, t) = sum_{j <= t} #{k : c_k >= j}
     at_least = np.bincount(counts, minlength=nb + 1)[::-1].cumsum()[::-1]

@@ -9,7 +9,12 @@ of a batch share a key:
 * when the swaps get stuck: Ryser's construction for single keys (``_construct``: each key's
   items into the batches with the most room left; it succeeds whenever the Gale-Ryser check of
   :func:`~hardbatch.keys.feasibility.check_partition_keys` passes), :func:`greedy_partition`
-  for key sets (items with the most keys first, each into the roomiest batch free of them).
+  for key sets (items with the most keys first, each into the roomiest batch free of them);
+* key sets, when the greedy fails too (it succeeds or fails with the order): the batches of
+  :func:`trial_partition`, the repair of one fixed order that the construction check proved,
+  rearranged by the epoch's order. So every epoch of a sampler that passed its construction
+  check succeeds (with ``drop_last``, the greedy over the epoch's kept items in a fixed order
+  is tried first, to keep the epoch's choice of dropped items).
 
 Whether a request can be met at all is :mod:`hardbatch.keys.feasibility`'s question.
 """
@@ -21,9 +26,10 @@ import heapq
 import numpy as np
 from numba import njit
 
+from .. import _rng
 from .encode import KEYS_OFF, DuplicateKeys
 
-__all__ = ["greedy_partition", "partition_capacities", "separate_keys"]
+__all__ = ["greedy_partition", "partition_capacities", "separate_keys", "trial_partition"]
 
 
 def partition_capacities(num_items: int, batch_size: int, drop_last: bool) -> np.ndarray:
@@ -171,8 +177,17 @@ def separate_keys(order: np.ndarray, kept: int, batch_size: int,
     Batches are ``order[:kept]`` cut every ``batch_size``; ``order[kept:]`` are dropped
     items. Deterministic: a clashing item (the later one in the order) swaps places with
     the nearest item of the nearest batch, forward first, that lacks its key and whose key
-    the clashing batch lacks; if no such swap exists, :func:`_construct` rebuilds the batches.
-    Unchanged (the same array) when no key is shared.
+    the clashing batch lacks; if no such swap exists, :func:`_construct` rebuilds the batches
+    (single keys) or :func:`greedy_partition` does (key sets). Unchanged (the same array) when
+    no key is shared.
+
+    Key sets: the greedy succeeds or fails depending on ``order``. When it fails, the epoch
+    takes the batches of :func:`trial_partition` (the repair of a fixed order, which
+    :func:`~hardbatch.keys.feasibility.check_partition_keys` runs at a sampler's
+    construction), full batches ranked by their first item in ``order``, items by their
+    place in it; with ``kept < N`` the greedy over the kept items sorted by id is tried
+    before. So for the ``(N, kept, batch_size)`` that the construction check passed, no
+    order raises; an order the swaps or the greedy repair is served as before.
 
     Example:
         >>> import numpy as np
@@ -183,19 +198,81 @@ def separate_keys(order: np.ndarray, kept: int, batch_size: int,
     """
     if keys is None or not keys.any:
         return order
+    out = _repaired(order, kept, batch_size, keys)
+    if out is None:  # key sets: the greedy failed on this order
+        out = _fallback(np.asarray(order, np.int64), kept, batch_size, keys)
+    if out is None:
+        raise unseparable(batch_size, keys)
+    return out
+
+
+def unseparable(batch_size: int, keys: DuplicateKeys) -> ValueError:
+    """The error of key sets that no repair could put into batches of ``batch_size``."""
+    return ValueError(
+        f"duplicate_keys: the items could not be put into batches of batch_size="
+        f"{batch_size} with no two of them sharing a key ({keys.worst()}); use a smaller "
+        f"batch_size, keys that tell more items apart{KEYS_OFF}")
+
+
+def _repaired(order: np.ndarray, kept: int, batch_size: int,
+              keys: DuplicateKeys) -> np.ndarray | None:
+    """The swaps, then the construction (single keys) or the greedy (key sets: None if it
+    fails)."""
     out = np.array(order, np.int64)
     if _swap_repair(out, kept, batch_size, keys.ptr, keys.idx, keys.has_key, keys.members,
                     keys.member_ptr, keys.sets):
         return out
     if not keys.sets:
         return _construct(np.asarray(order, np.int64), kept, batch_size, keys)
-    out = greedy_partition(order, kept, batch_size, keys.ptr, keys.idx)
-    if out is None:
-        raise ValueError(
-            f"duplicate_keys: the items could not be put into batches of batch_size="
-            f"{batch_size} with no two of them sharing a key ({keys.worst()}); use a smaller "
-            f"batch_size, keys that tell more items apart{KEYS_OFF}")
-    return out
+    return greedy_partition(order, kept, batch_size, keys.ptr, keys.idx)
+
+
+def trial_partition(num_items: int, kept: int, batch_size: int,
+                    keys: DuplicateKeys) -> np.ndarray | None:
+    """The repair (swaps, then :func:`greedy_partition`) of one fixed random order of the
+    ``num_items`` items, or None when it fails: the construction check of key sets, and the
+    batches an epoch falls back to when its own order cannot be repaired.
+
+    Example:
+        >>> from hardbatch.keys import encode_keys, trial_partition
+        >>> keys = encode_keys([{"a", "b"}, {"b"}, {"a"}], 3)  # 0 meets 1 and 2
+        >>> sorted(trial_partition(3, 3, 2, keys)[:2].tolist())  # batches {1, 2} and {0}
+        [1, 2]
+    """
+    order = _rng.permutation(num_items, _rng.derive_seed(0, 0, 0xC0F))
+    return _repaired(order, kept, batch_size, keys) if keys.any else order
+
+
+def _fallback(order: np.ndarray, kept: int, batch_size: int,
+              keys: DuplicateKeys) -> np.ndarray | None:
+    """Key sets whose greedy failed on ``order``: with ``kept < N`` the greedy over the kept
+    items sorted by id (so by (-degree, id)), else :func:`trial_partition`; either's batches
+    rearranged by ``order``."""
+    if kept < len(order):
+        head = np.concatenate([np.sort(order[:kept]), order[kept:]])
+        out = greedy_partition(head, kept, batch_size, keys.ptr, keys.idx)
+        if out is not None:
+            return _arranged(out, order, kept, batch_size)
+    out = trial_partition(len(order), kept, batch_size, keys)
+    return None if out is None else _arranged(out, order, kept, batch_size)
+
+
+def _arranged(parts: np.ndarray, order: np.ndarray, kept: int, batch_size: int) -> np.ndarray:
+    """The batches of ``parts`` (``parts[:kept]`` cut every ``batch_size``) in ``order``'s
+    order: full batches by their first item's place in ``order`` (a short one stays last),
+    items by place; then the dropped items ``parts[kept:]``, by place."""
+    place = np.empty(len(order), np.int64)
+    place[order] = np.arange(len(order))
+    caps = partition_capacities(kept, batch_size, False)
+    batch = np.repeat(np.arange(len(caps)), caps)
+    first = np.full(len(caps), len(order), np.int64)
+    np.minimum.at(first, batch, place[parts[:kept]])
+    first[caps < batch_size] = len(order)  # the short last batch stays last
+    rank = np.empty(len(caps), np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(caps))
+    head = parts[:kept][np.lexsort((place[parts[:kept]], rank[batch]))]
+    tail = parts[kept:][np.argsort(place[parts[kept:]], kind="stable")]
+    return np.concatenate([head, tail])
 
 
 def greedy_partition(order: np.ndarray, kept: int, batch_size: int, ptr: np.ndarray,

@@ -105,14 +105,8 @@ def floor_stats(options: InfoNCEOptions, anchor: Tensor, positive: Tensor,
         log_s = log_negative_sum([core.logits], log_n, options.beta, True)
         log_ng = debias(log_s, core.log_pos, log_n, options.tau_plus or 0.0, core.temperature)
         floored = log_ng <= log_n - 1.0 / core.temperature
-        # The floor binds iff tau_plus >= (S/N - f) / (pos - f), f = e^(-1/t) (normalised
-        # embeddings: pos, S/N >= f), evaluated in logs: e^(a - p) expm1(-1/t - a) / expm1(-1/t - p)
-        # with a = log(S/N), p = log pos.
-        mean_s = (log_s - log_n).double()
-        log_pos = core.log_pos.double()
-        inv_t = 1.0 / core.temperature
-        tau_star = ((mean_s - log_pos).exp() * torch.expm1(-inv_t - mean_s)
-                    / torch.expm1(-inv_t - log_pos))
+        a, p, inv_t = (log_s - log_n).double(), core.log_pos.double(), 1.0 / core.temperature
+        tau_star = (a - p).exp() * torch.expm1(-inv_t - a) / torch.expm1(-inv_t - p)
         if core.has_neg is not None:
             floored, tau_star = floored[core.has_neg], tau_star[core.has_neg]
         if floored.numel() == 0:
@@ -452,10 +446,8 @@ def log_negative_sum(
 
 def _log1mexp(x: Tensor) -> Tensor:
     """``log(1 - exp(x))`` for ``x < 0``, accurate on both sides of ``-log 2`` (Maechler 2012)."""
-    # Each branch sees only its own side of -log 2: torch.where differentiates both, and
-    # log1p(-exp(x)) at x just below 0 (exp(x) rounds to 1) would send back a NaN gradient.
-    near = torch.log(-torch.expm1(x.clamp(min=_LOG_HALF)))
-    far = torch.log1p(-torch.exp(x.clamp(max=_LOG_HALF)))
+    near = torch.log(-torch.expm1(x.clamp(min=_LOG_HALF)))  # each branch on its side only: a
+    far = torch.log1p(-torch.exp(x.clamp(max=_LOG_HALF)))  # NaN gradient of the other otherwise
     return torch.where(x > _LOG_HALF, near, far)
 
 

@@ -34,8 +34,9 @@ torch.distributed a one-item batch on any rank makes every rank skip that step.
 Evaluation (every ``eval_every`` steps and at the end) embeds the items with ``encoder`` alone
 (frozen features before the projection head, eval mode) and reports the weighted kNN accuracy
 of InstDisc / SimCLR monitors (k=200, t=0.1) and the accuracy of a logistic-regression linear
-probe, both fitted on the training items and scored on ``eval_data`` (or on a held-out share of
-the training items when no ``eval_data`` is given).
+probe, both fitted on the training items and scored on ``eval_data`` (or, when no ``eval_data``
+is given, on a share of the training items that the kNN / probe fit leaves out; they are still
+in contrastive training, without labels).
 
 Checkpoints hold everything the run depends on (model, optimiser, bank, sampler state at the
 number of steps done this epoch, RNG states, log), so a resumed run continues exactly as the

@@ -19,12 +19,14 @@ class TrainConfig:
         epochs: training epochs (an epoch is ``len(sampler)`` steps).
         lr, weight_decay: of the default optimiser (Adam), ignored when an optimiser is given.
         seed: seeds torch / numpy / random at the start of a fresh run, the augmentation
-            generator and the held-out split.
+            generator and the evaluation split.
         eval_every: steps between evaluations (None: only at the end of training).
         knn_k, knn_temperature: weighted kNN monitor (InstDisc / SimCLR: 200 and 0.1).
         probe_weight_decay, probe_max_iter: L2 penalty and L-BFGS iterations of the linear probe.
-        eval_fraction: share of the training items held out for evaluation when the
-            trainer has labels but no ``eval_data``.
+        eval_fraction: share of the training items that are the evaluation queries when the
+            trainer has labels but no ``eval_data``: held out from the kNN / probe fit only,
+            they are still in contrastive training (without their labels unless
+            ``loss_labels``).
         log_path: JSONL file receiving one record per step (``"kind": "step"``) and per
             evaluation (``"kind": "eval"``); rewritten from the checkpoint on resume.
         checkpoint_path: file for checkpoints; written every ``checkpoint_every`` steps,

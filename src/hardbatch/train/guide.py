@@ -28,15 +28,21 @@ def check_guide(guide, num_items: int, margin: float, device: torch.device):
 @torch.no_grad()
 def guide_mask(guide, idx: torch.Tensor, view1: torch.Tensor, view2: torch.Tensor,
                margin: float, loss) -> torch.Tensor:
-    """The batch's mask [B, B] (True: not a negative) from a checked ``guide``.
+    """The batch's mask [B, B] (``[b, B_global]`` with a gathering loss; True: not a
+    negative) from a checked ``guide``.
 
     A module guide embeds the two views (``guided_mask(guide(view1), guide(view2))``); a
-    per-item embedding gives both views row ``idx`` of it. The mask's form follows the loss's
-    options (``"simclr"`` or ``"simcse"``; a loss without options: ``"simcse"``).
+    per-item embedding gives both views row ``idx`` of it. The mask's form, ``gather`` and
+    ``group`` follow the loss's options (``"simclr"`` or ``"simcse"``; a loss without
+    options: ``"simcse"``, not gathered): with a ``gather=True`` loss under DDP the mask is
+    this rank's anchors against the global batch, ``[b, B_global]``, as the loss expects
+    (every rank's guide rows are all-gathered).
     """
     if isinstance(guide, nn.Module):
         g1, g2 = guide(view1).float(), guide(view2).float()
     else:
         g1 = g2 = guide[idx.cpu()]
-    form = getattr(getattr(loss, "options", None), "form", "simcse")
-    return guided_mask(g1, g2, margin, form=form)
+    options = getattr(loss, "options", None)
+    return guided_mask(g1, g2, margin, form=getattr(options, "form", "simcse"),
+                       gather=bool(getattr(options, "gather", False)),
+                       group=getattr(options, "group", None))

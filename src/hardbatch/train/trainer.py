@@ -59,8 +59,9 @@ class Trainer:
             dropout views).
         optimizer: an optimiser over the model's parameters, or a factory
             ``optimizer(params) -> optimiser``; default Adam(lr, weight_decay).
-        eval_data: ``(x_test, y_test)`` for evaluation; default: a held-out share of the
-            training items (``config.eval_fraction``) when ``labels`` are given.
+        eval_data: ``(x_test, y_test)`` for evaluation; default when ``labels`` are given: a
+            share of the training items (``config.eval_fraction``) as the queries, held out
+            from the kNN / probe fit only (still in contrastive training, without labels).
         config: :class:`TrainConfig`; keyword arguments override its fields.
         bank: the bank to feed (default: a new one, dimension from one forward pass).
         reference: a fixed ``[N, d']`` reference embedding of the items (array, tensor or
@@ -73,7 +74,8 @@ class Trainer:
             fixed ``[N, d']`` guide embedding of the items (array, tensor or file; default
             ``config.guide``), or an ``nn.Module`` guide applied without gradient to the two
             views. The loss is called with ``false_negatives=guided_mask(guide_1, guide_2,
-            config.guide_margin, form=loss form)``. With a per-item embedding both views
+            config.guide_margin, form=, gather=, group=)`` (the loss's options: with
+            ``gather=True`` under DDP the ``[b, B_global]`` mask of the global batch). With a per-item embedding both views
             share the item's row, so j is masked for anchor i when ``cos(g_i, g_j) > 1 -
             guide_margin`` (``guide_margin`` must then be > 0). The loss must accept
             ``false_negatives=`` (every hardbatch loss does).

@@ -87,6 +87,24 @@ def test_global_batches_never_share_a_key_across_ranks(emb, sets):
         assert (conflicts if sets else clashes)(steps, keys) == 0, kind
 
 
+def test_per_rank_batches_may_share_a_key_across_ranks_as_distributed_md_says():
+    """duplicate_keys hold within each planned batch: with global_batch=False (each rank's
+    batch) two ranks' batches of one step may hold copies of one key, which a gather=True loss
+    would contrast; docs/distributed.md tells gather=True users to set global_batch=True."""
+    from pathlib import Path
+
+    import hardbatch as hb
+
+    keys = [i // 2 for i in range(16)]  # items 2k and 2k + 1 are copies
+    for global_batch, shared in ((False, True), (True, False)):
+        ranks = [list(hb.UniformBatchSampler(16, 4, world_size=2, rank=r, duplicate_keys=keys,
+                                             global_batch=global_batch)) for r in range(2)]
+        assert clashes([b for r in ranks for b in r], keys) == 0  # within a rank's batch
+        assert (clashes([a + b for a, b in zip(*ranks)], keys) > 0) == shared
+    text = " ".join((Path(__file__).parents[3] / "docs" / "distributed.md").read_text().split())
+    assert "With `gather=True` and `duplicate_keys`, use `global_batch=True`." in text
+
+
 def test_docs_examples_run():
     """The duplicate_keys, near_duplicate_keys and global_batch examples of docs/samplers.md
     (run as written)."""

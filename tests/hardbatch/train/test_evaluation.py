@@ -1,5 +1,7 @@
 """hardbatch.train.evaluation: weighted kNN accuracy and the linear probe on frozen features."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -30,3 +32,28 @@ def test_knn_weighted_vote_small_case():
     # k=3 with a flat temperature: classes 1 gets two votes
     assert knn_accuracy(train_f, train_y, torch.tensor([[1.0, 0.0]]), torch.tensor([1]), k=3,
                         temperature=100.0) == 1.0
+
+
+def test_default_eval_queries_are_left_out_of_the_fit_only_and_the_docs_say_so(digits):
+    """Without ``eval_data`` the evaluation queries (``eval_fraction`` of the items) are left
+    out of the kNN / probe fit only: the sampler still trains on them (without labels). The
+    docs and docstrings called them "held out", which they are not from training."""
+    import hardbatch as hb
+    from hardbatch.losses import InfoNCE
+    from hardbatch.train import TrainConfig, Trainer
+    from train_support import small_model
+
+    x, y = digits
+    trainer = Trainer(small_model(), InfoNCE(0.5), hb.UniformBatchSampler(len(x), 32, seed=1),
+                      x, y, epochs=1, progress=False, eval_every=None)
+    x_fit, _, x_query, _ = trainer.eval_data
+    assert len(x_fit) + len(x_query) == len(x) and len(x_query) == round(0.2 * len(x))
+    query_ids = {int((x == row).all(dim=1).nonzero()[0]) for row in x_query}
+    trained = {int(i) for batch in trainer.sampler for i in batch}
+    assert query_ids <= trained  # the queries are in the contrastive training batches
+    docs = (Path(__file__).parents[3] / "docs" / "training.md").read_text()
+    assert "held out from the kNN / probe\n  fit only" in docs
+    assert "items is held out as queries" not in docs
+    for doc in (TrainConfig.__doc__, Trainer.__doc__, hb.train.__doc__):
+        assert "held-out share" not in doc and "held out for evaluation" not in doc
+        assert "still in contrastive training" in " ".join(doc.split())

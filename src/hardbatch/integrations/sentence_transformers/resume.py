@@ -19,8 +19,9 @@ twice, rows never trained. So the sampler's state travels with the checkpoint:
   A checkpoint of another sampler, batch size or dataset raises ``ValueError`` before training.
 * Where the state cannot be loaded (written by another hardbatch, some rows' texts changed,
   another gradient accumulation) the rest of the epoch is planned afresh from the rows not yet
-  trained (:func:`rest_of_epoch`), so the epoch still trains every row once, and one warning
-  says why the batches differ from those of the uninterrupted run.
+  trained (:func:`rest_of_epoch`), so a partition sampler's epoch still trains every row once;
+  a checkpoint without the file: the epoch is planned anew and the trainer skips into it. One
+  warning says why the batches differ from those of the uninterrupted run.
 * Several datasets (a ``DatasetDict``; the trainer's ``multi_dataset_batch_sampler`` draws
   from one sampler per dataset): each dataset's sampler logs the batches it yields, in the
   order the combining sampler draws them (:attr:`EpochProgress.log`, one list per epoch), so
@@ -143,7 +144,18 @@ def rest_of_epoch(sampler, epoch: int, done: int, trained: np.ndarray | None) ->
     The sampler plans the epoch as usual (from the model as it is now); its rows, in the order of
     that plan, less those trained, are cut into the epoch's remaining batches (no key twice in a
     batch where the sampler has duplicate keys). Partition samplers get each row not yet trained
-    once; walk samplers (batches of B rows that may overlap) are topped up with trained rows.
+    once (a short last batch, left out with ``drop_last``); walk samplers (batches of B rows that
+    may overlap) are topped up with trained rows.
+
+    Example:
+        >>> import datasets, numpy as np
+        >>> from hardbatch.integrations.sentence_transformers import HardNegativeBatchSampler
+        >>> data = datasets.Dataset.from_dict({"anchor": [f"t{i}" for i in range(20)]})
+        >>> s = HardNegativeBatchSampler(data, 8, model=None, sampler="uniform")
+        >>> trained = np.zeros(20, bool); trained[next(iter(s))] = True  # batch 0 trained
+        >>> rest = rest_of_epoch(s, 0, 1, trained)  # batches 1, 2 of epoch 0: the 12 others
+        >>> [len(b) for b in rest], bool(trained[np.concatenate(rest)].any())
+        ([8, 4], False)
     """
     hard = sampler.hard_sampler
     n, size = len(sampler.dataset), sampler.batch_size
@@ -156,12 +168,14 @@ def rest_of_epoch(sampler, epoch: int, done: int, trained: np.ndarray | None) ->
     rest = order[~done_rows[order]]
     slots = max(len(sampler) - done, 0) * size
     kept = min(len(rest), slots) if getattr(hard, "batches_partition", True) else min(n, slots)
+    if sampler.drop_last:  # as the sampler: no short batch
+        kept -= kept % size
     order = np.concatenate([rest, order[done_rows[order]]])
     try:
         order = separate_keys(order, kept, size, getattr(hard, "duplicate_keys", None))
     except ValueError:  # keys that cannot be kept apart in what is left: keep the plan's order
         pass
-    return [order[i:i + size] for i in range(0, kept, size)]
+    return [order[i:min(i + size, kept)] for i in range(0, kept, size)]
 
 
 def trainer_position(args, state, loader) -> tuple[int, int] | None:
@@ -269,6 +283,8 @@ def restore(sampler, saved: dict, path: str, epoch: int, consumed: int) -> str |
                                     consumed >= len(sampler)) if state else None
     elif consumed:
         sampler.progress.pending = (epoch, consumed, trained, True, False)
+    if sampler.progress.pending is not None:  # (several processes: no set_epoch reaches it)
+        sampler.set_epoch(epoch)
     return why
 
 
@@ -350,7 +366,8 @@ def resume_callback(factory=None):
 class ResumeHooks:
     """Saves the hardbatch training sampler's state with each checkpoint (``on_save``:
     ``hardbatch_sampler.pt`` in ``output_dir/checkpoint-{global_step}``) and restores it when
-    the trainer resumes from a checkpoint (``on_train_begin``)."""
+    the trainer resumes from a checkpoint (``on_train_begin``; a plan's replay,
+    :func:`~hardbatch.plan_files.plan_batch_sampler`, gets the trainer's epoch only)."""
 
     def __init__(self, factory=None) -> None:
         self.factory = factory
@@ -385,8 +402,9 @@ class ResumeHooks:
         loader = kwargs.get("train_dataloader")
         sampler = self._sampler(loader)
         where = trainer_position(args, state, loader)
-        if sampler is None or where is None or not getattr(args, "should_save", True):
-            return
+        if sampler is None or where is None or not getattr(args, "should_save", True) or not \
+                hasattr(sampler, "progress") and not hasattr(sampler, "batch_samplers"):
+            return  # (a plan's replay has no state: its batches are the plan's)
         folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         if not os.path.isdir(folder):
             self._say(f"hardbatch: no checkpoint folder {folder} to save the sampler state in")
@@ -407,10 +425,14 @@ class ResumeHooks:
             sub.progress.log = self.pulls
         if sampler is None or where is None or not state.global_step:
             return  # a fresh run
+        epoch, consumed = where
+        if not subs:  # the trainer's set_epoch does not reach it through accelerate's wrappers
+            sampler.set_epoch(epoch)  # in a resumed epoch of several processes
+        if not subs and not hasattr(sampler, "progress"):
+            return  # a plan's replay (PlanBatchSampler): the trainer's skip finds its place
         folder = self.checkpoint or os.path.join(args.output_dir,
                                                  f"checkpoint-{state.global_step}")
         path = os.path.join(folder, RESUME_FILE)
-        epoch, consumed = where
         if getattr(args, "ignore_data_skip", False):
             why = "ignore_data_skip=True: the trainer restarts the epoch's data"
         elif not os.path.isfile(path):

@@ -158,10 +158,16 @@ def column_texts(dataset, text_column: str | None, name: str = "text_column=..."
             f"{getattr(dataset, 'column_names', '?')}"
         ) from exc
     texts = list(texts)
-    if texts and not isinstance(texts[0], str):
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad == 0:
         raise ValueError(
             f"column {text_column!r} must hold texts, got {type(texts[0]).__name__}; "
             f"pass {name} naming a text column"
+        )
+    if bad is not None:
+        raise ValueError(
+            f"column {text_column!r} holds {type(texts[bad]).__name__} at row {bad} "
+            f"({texts[bad]!r}), not a text: fill or drop that row (e.g. dataset.filter)"
         )
     return texts
 

@@ -344,3 +344,67 @@ def test_a_resumed_multi_dataset_run_continues_with_the_uninterrupted_batches(
     assert rest == full[at:]  # the same batches, in the same order
     assert max_abs_diff(weights, resumed) == 0.0
     assert not [r for r in caplog.records if "resum" in r.getMessage()]
+
+
+# Unit level (no training): the rest of an epoch planned afresh, a resume of several processes.
+class NoEncode:
+    """A model for samplers that never encode (uniform)."""
+
+    def encode(self, *args, **kwargs):
+        raise AssertionError("the uniform sampler encodes nothing")
+
+
+def uniform_sampler(texts, batch_size=8, drop_last=False):
+    from hardbatch.integrations.sentence_transformers import HardNegativeBatchSampler
+
+    return HardNegativeBatchSampler(datasets.Dataset.from_dict({"anchor": texts}), batch_size,
+                                    drop_last, model=NoEncode(), sampler="uniform")
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_the_rest_of_an_epoch_planned_afresh_trains_no_row_twice(drop_last):
+    """The last batch of the re-planned rest is cut at the rows not yet trained (before: padded
+    with trained rows, so they trained twice); with drop_last a short one is left out, as the
+    sampler leaves it out."""
+    import numpy as np
+
+    from hardbatch.integrations.sentence_transformers.resume import rest_of_epoch
+
+    n = 20 if not drop_last else 24
+    sampler = uniform_sampler([f"t{i}" for i in range(n)], drop_last=drop_last)
+    first = next(iter(sampler))
+    trained = np.zeros(n, bool)
+    trained[first] = True
+    if drop_last:  # one more row trained than one batch holds: 15 left, 2 slots of 8
+        trained[np.flatnonzero(~trained)[0]] = True
+    rest = rest_of_epoch(sampler, 0, 1, trained)
+    rows = np.concatenate(rest)
+    assert [len(b) for b in rest] == ([8] if drop_last else [8, 4])
+    assert not trained[rows].any() and len(set(rows.tolist())) == len(rows)
+    if not drop_last:  # a partition sampler's epoch trains every row once
+        assert sorted(rows.tolist() + np.flatnonzero(trained).tolist()) == list(range(n))
+
+
+def test_a_replanned_resume_keeps_its_epoch_without_set_epoch():
+    """Several processes: accelerate wraps the sampler (SkipBatchSampler(BatchSamplerShard(...)))
+    and the trainer's set_epoch does not reach it in the resumed epoch. restore sets it, so the
+    rest of epoch 1 is planned afresh (before: the pending resume was dropped and epoch 0's plan
+    trained whole)."""
+    import numpy as np
+
+    from hardbatch.integrations.sentence_transformers.resume import checkpoint_state, restore
+
+    texts = [f"t{i}" for i in range(40)]
+    full = uniform_sampler(texts)
+    list(full)
+    full.set_epoch(1)
+    it = iter(full)
+    done = [next(it) for _ in range(3)]  # 2 trained, 1 fetched ahead
+    saved = checkpoint_state(full, 1, 2)
+    edited = uniform_sampler(texts[:-1] + ["t39 (edited)"])  # the state does not load: re-plan
+    why = restore(edited, saved, "ckpt", 1, 2)
+    assert "1 of the dataset's 40 rows changed their text" in why
+    got = list(edited)  # no set_epoch: what each process's sampler sees
+    assert len(got) == 5 and got[:2] == [list(range(8))] * 2  # placeholders, skipped
+    rows = sorted(i for b in got[2:] for i in b) + sorted(i for b in done[:2] for i in b)
+    assert sorted(rows) == list(range(40)) and edited.progress.epoch == 1

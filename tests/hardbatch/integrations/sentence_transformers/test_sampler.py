@@ -354,3 +354,15 @@ def test_a_consumer_that_counts_batches_gets_the_next_epoch_without_set_epoch(ki
     # set_epoch between iterations is obeyed as before
     cut.set_epoch(0)
     assert list(cut) == first
+
+
+def test_column_texts_names_a_later_row_that_is_not_a_text():
+    import datasets
+
+    from hardbatch.integrations.sentence_transformers import column_texts
+
+    data = datasets.Dataset.from_dict({"anchor": ["a", "b", None, "d"]})
+    with pytest.raises(ValueError, match=r"column 'anchor' holds NoneType at row 2 \(None\), not a "
+                                         r"text: fill or drop that row"):
+        column_texts(data, "anchor")
+    assert column_texts(data.select([0, 1, 3]), None) == ["a", "b", "d"]
