@@ -426,8 +426,9 @@ class ResumeHooks:
         if sampler is None or where is None or not state.global_step:
             return  # a fresh run
         epoch, consumed = where
-        if not subs:  # the trainer's set_epoch does not reach it through accelerate's wrappers
-            sampler.set_epoch(epoch)  # in a resumed epoch of several processes
+        # The trainer's set_epoch does not reach it through accelerate's wrappers in a resumed
+        # epoch of several processes; a multi-dataset sampler passes it on to its datasets'.
+        sampler.set_epoch(epoch)
         if not subs and not hasattr(sampler, "progress"):
             return  # a plan's replay (PlanBatchSampler): the trainer's skip finds its place
         folder = self.checkpoint or os.path.join(args.output_dir,

@@ -408,3 +408,39 @@ def test_a_replanned_resume_keeps_its_epoch_without_set_epoch():
     assert len(got) == 5 and got[:2] == [list(range(8))] * 2  # placeholders, skipped
     rows = sorted(i for b in got[2:] for i in b) + sorted(i for b in done[:2] for i in b)
     assert sorted(rows) == list(range(40)) and edited.progress.epoch == 1
+
+
+def test_a_resumed_multi_dataset_epoch_sets_the_combined_samplers_epoch(tmp_path):
+    """Several processes: no set_epoch reaches the trainer's multi-dataset sampler through
+    accelerate's wrappers in the resumed epoch, so on_train_begin sets it (and, through it,
+    each dataset's sampler); else its order of datasets would be epoch 0's."""
+    from types import SimpleNamespace
+
+    from torch.utils.data import ConcatDataset
+
+    from hardbatch.integrations.sentence_transformers.resume import ResumeHooks
+
+    try:
+        from sentence_transformers.base.sampler import ProportionalBatchSampler
+    except ImportError:  # sentence-transformers < 6
+        from sentence_transformers.sampler import ProportionalBatchSampler
+    def combine():
+        a, b = uniform_sampler([f"a{i}" for i in range(32)]), uniform_sampler(
+            [f"b{i}" for i in range(16)])
+        return a, b, ProportionalBatchSampler(ConcatDataset([a.dataset, b.dataset]), [a, b],
+                                              generator=torch.Generator(), seed=0)
+
+    a, b, reference = combine()
+    reference.set_epoch(1)  # what the trainer's call does in this version (>= 6: to a and b too)
+    want = (reference.epoch, a.epoch, b.epoch)
+    a, b, combined = combine()
+    class Loader(SimpleNamespace):  # accelerate's wrapper around the combined sampler
+        def __len__(self):
+            return 6
+
+    loader = Loader(batch_sampler=SimpleNamespace(batch_sampler=combined))
+    args = SimpleNamespace(output_dir=str(tmp_path), gradient_accumulation_steps=1,
+                           world_size=1, ignore_data_skip=False, should_save=True)
+    hooks = ResumeHooks(SimpleNamespace(samplers=[a, b]))
+    hooks.on_train_begin(args, SimpleNamespace(global_step=8), None, train_dataloader=loader)
+    assert (combined.epoch, a.epoch, b.epoch) == want and combined.epoch == 1  # step 8: epoch 1
