@@ -4,7 +4,8 @@
 silently. :func:`seal` adds to a state dict an ``integrity`` record: the SHA-256 of a canonical
 serialisation of everything else in it (every tensor's dtype, shape, strides, offset and the
 bytes of its whole storage, as ``torch.save`` writes them; numbers, strings, lists, tuples and
-dicts with their types) and the version of hardbatch that wrote it. :func:`verify` recomputes it
+dicts with their types; every multi-byte number in little-endian order, so a checksum written
+on one machine verifies on any other) and the version of hardbatch that wrote it. :func:`verify` recomputes it
 and raises ``ValueError`` with the word "corrupted" on a mismatch; a state without the record
 is reported as such (False), and the caller refuses it.
 
@@ -21,11 +22,12 @@ import sys
 import numpy as np
 import torch
 
-__all__ = ["INTEGRITY_KEY", "digest", "library_version", "seal", "span_offset",
-           "tensor_record_spans", "verify"]
+__all__ = ["INTEGRITY_KEY", "digest", "library_version", "little_endian_bytes", "seal",
+           "span_offset", "tensor_record_spans", "verify"]
 
 INTEGRITY_KEY = "integrity"
 FORMAT = 1  # of the canonical serialisation below
+_BIG_ENDIAN = sys.byteorder == "big"  # the serialisation is little-endian on every machine
 
 
 def library_version() -> str:
@@ -39,6 +41,24 @@ def library_version() -> str:
     return str(version)
 
 
+def little_endian_bytes(data: np.ndarray, dtype: torch.dtype, big_endian: bool) -> np.ndarray:
+    """``data`` (the uint8 bytes of a storage of ``dtype`` elements, in the byte order of a
+    ``big_endian`` machine or not) in little-endian order: a checksum written on one machine
+    verifies on any other (complex numbers: each part swapped on its own).
+
+    Example:
+        >>> import numpy as np, torch
+        >>> from hardbatch._integrity import little_endian_bytes
+        >>> big = np.array([1, 2], dtype=">i4").view(np.uint8)  # as a big-endian machine holds it
+        >>> little_endian_bytes(big, torch.int32, big_endian=True).view("<i4").tolist()
+        [1, 2]
+    """
+    size = torch.empty(0, dtype=dtype).element_size() // (2 if dtype.is_complex else 1)
+    if not big_endian or size == 1 or data.size % size:
+        return data
+    return np.ascontiguousarray(data.reshape(-1, size)[:, ::-1]).reshape(-1)
+
+
 def _tensor(h, t: torch.Tensor) -> None:
     if t.layout != torch.strided:
         t = t.to_dense()
@@ -49,7 +69,8 @@ def _tensor(h, t: torch.Tensor) -> None:
     head = f"T{t.dtype}|{tuple(t.shape)}|{t.stride()}|{t.storage_offset()}|{storage.nbytes()}|"
     h.update(head.encode())
     if storage.nbytes():
-        h.update(torch.empty(0, dtype=torch.uint8).set_(storage).numpy())
+        data = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+        h.update(little_endian_bytes(data, t.dtype, _BIG_ENDIAN))
 
 
 def _feed(h, obj, path: str) -> None:
@@ -81,9 +102,11 @@ def _feed(h, obj, path: str) -> None:
     elif isinstance(obj, (torch.dtype, torch.device)):
         h.update(f"O{type(obj).__name__}:{obj}|".encode())
     elif isinstance(obj, np.ndarray) and obj.dtype != object:
+        obj = np.ascontiguousarray(obj, dtype=obj.dtype.newbyteorder("<"))
         h.update(f"A{obj.dtype.str}|{obj.shape}|".encode())
-        h.update(np.ascontiguousarray(obj).view(np.uint8).reshape(-1))
+        h.update(obj.view(np.uint8).reshape(-1))
     elif isinstance(obj, np.generic) and not isinstance(obj, np.object_):
+        obj = obj.astype(obj.dtype.newbyteorder("<"))
         h.update(f"G{obj.dtype.str}|".encode() + obj.tobytes())
     else:
         raise TypeError(f"{path} is a {type(obj).__name__}: a saved state holds only tensors, "

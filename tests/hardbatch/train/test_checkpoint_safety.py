@@ -233,6 +233,32 @@ def test_checksum_survives_save_and_load_and_catches_any_changed_value(state, rn
             verify(loaded, "state")
 
 
+def test_a_checksum_written_on_a_little_endian_machine_verifies_on_a_big_endian_one(
+        monkeypatch):
+    """The same values give the same SHA-256 whatever the machine's byte order: a big-endian
+    machine holds each number's bytes reversed (numpy's byteswap: the independent reference,
+    complex numbers part by part), and plan files' arrays come back from Parquet as '>i8'."""
+    import hardbatch._integrity as integrity
+
+    values = {"i32": np.array([1, -2, 70000], np.int32), "f64": np.array([0.5, -3.25]),
+              "c64": np.array([1 + 2j, -3.5j], np.complex64), "u8": np.array([1, 255], np.uint8)}
+    state = {"step": 7, "arrays": {k: torch.from_numpy(v.copy()) for k, v in values.items()}}
+    sealed = seal(state)
+    as_big_endian_machine = {  # same values: bytes in a big-endian machine's order
+        "step": 7, "arrays": {k: torch.from_numpy(v.byteswap()) for k, v in values.items()},
+        integrity.INTEGRITY_KEY: sealed[integrity.INTEGRITY_KEY]}
+    monkeypatch.setattr(integrity, "_BIG_ENDIAN", True)
+    assert verify(as_big_endian_machine, "state")
+    as_big_endian_machine["arrays"]["f64"][1] = -3.0  # still catches a changed value
+    with pytest.raises(ValueError, match="state is corrupted"):
+        verify(as_big_endian_machine, "state")
+    monkeypatch.setattr(integrity, "_BIG_ENDIAN", False)
+    rows = np.arange(6, dtype=np.int64)
+    assert digest(rows.astype(">i8")) == digest(rows)
+    assert digest(np.float64(1.5).astype(">f8")) == digest(np.float64(1.5))
+    assert digest(rows.astype(">i8")) != digest(rows.astype(np.int32))
+
+
 def _walk(obj):
     yield obj
     children = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list) else ()
