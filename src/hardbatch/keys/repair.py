@@ -240,7 +240,13 @@ def trial_partition(num_items: int, kept: int, batch_size: int,
         [1, 2]
     """
     order = _rng.permutation(num_items, _rng.derive_seed(0, 0, 0xC0F))
-    return _repaired(order, kept, batch_size, keys) if keys.any else order
+    if not keys.any:
+        return order
+    done = keys.__dict__.setdefault("_trial_partitions", {})  # computed once per shape: the
+    if (num_items, kept, batch_size) not in done:  # construction check, then every fallback
+        done[num_items, kept, batch_size] = _repaired(order, kept, batch_size, keys)
+    out = done[num_items, kept, batch_size]
+    return None if out is None else out.copy()
 
 
 def _fallback(order: np.ndarray, kept: int, batch_size: int,

@@ -69,6 +69,26 @@ def test_key_sets_every_order_is_repaired_when_the_construction_check_passes():
     assert trial_partition(3, 3, 2, keys) is not None  # what the construction check runs
 
 
+def test_the_trial_partition_is_repaired_once_per_shape_and_handed_out_as_copies(monkeypatch):
+    """The construction check and every fallback epoch share one repair of the trial order
+    (it is fixed for (N, kept, batch_size)); callers get copies, so none can change another's."""
+    import hardbatch.keys.repair as repair
+
+    keys = encode_keys([{"a", "b"}, {"b"}, {"a"}], 3)
+    calls = []
+    real = repair._repaired
+    monkeypatch.setattr(repair, "_repaired", lambda *a: calls.append(a[1:3]) or real(*a))
+    first = repair.trial_partition(3, 3, 2, keys)
+    first[:] = -1
+    for order in ([0, 1, 2], [1, 0, 2], [0, 2, 1]):  # orders that need the fallback
+        out = separate_keys(np.array(order), 3, 2, keys)
+        assert sorted(out[:2].tolist()) == [1, 2] and out[2] == 0
+    assert repair.trial_partition(3, 3, 2, keys).tolist() != [-1, -1, -1]
+    assert calls.count((3, 2)) == 1 + 3  # the trial order once, each epoch's own order once
+    repair.trial_partition(3, 2, 2, keys)  # another shape: repaired on its own
+    assert calls.count((2, 2)) == 1
+
+
 def test_key_set_samplers_that_pass_construction_serve_every_epoch():
     """Key sets on which the greedy fails for some epochs' orders (found by a search; before,
     seed 0 raised in epochs 0-2 and seeds 1 and 3 in epoch 1), with and without drop_last:
