@@ -163,10 +163,11 @@ def rank_graph(neighbors, first: int, last: int, mutual: bool = False) -> csr_ma
 
 
 def community_cells(embeddings, batch_size: int, *, seed: int = 0,
-                    cell_batches: int = CELL_BATCHES) -> np.ndarray:
+                    cell_batches: int = CELL_BATCHES, max_cells: int | None = None) -> np.ndarray:
     """Cells of a local community build: spherical k-means (``backend="torch"``, the same with
     or without faiss) of the unit rows in ``round(N / (cell_batches * batch_size))`` cells (at
-    least one), so about ``cell_batches`` batches each. The cells move only where the
+    least one, at most ``max_cells``: the communities that the cells will share), so about
+    ``cell_batches`` batches each. The cells move only where the
     embeddings move a k-means boundary; :func:`community_labels` (``cells=``) and
     :func:`cell_order` then keep what changes in one cell inside it.
 
@@ -183,6 +184,8 @@ def community_cells(embeddings, batch_size: int, *, seed: int = 0,
     n = x.shape[0]
     b = check_int(batch_size, "batch_size", low=1)
     k = max(1, min(n, round(n / (check_int(cell_batches, "cell_batches", low=1) * b))))
+    if max_cells is not None:
+        k = min(k, check_int(max_cells, "max_cells", low=1))
     return spherical_clusters(x, k, seed=seed, backend="torch")
 
 

@@ -257,7 +257,8 @@ def local_communities(embeddings, cells, parts: int, *, skip: int, window: int,
     def partition(c: int, items: np.ndarray, xc: torch.Tensor, nbrs: np.ndarray) -> None:
         t0 = time.perf_counter()
         sub = community_cells(xc, batch_size, seed=_rng.derive_seed(seed, 0xCE11, c),
-                              cell_batches=cell_batches) if cell_batches else None
+                              cell_batches=cell_batches, max_cells=int(share[c])
+                              ) if cell_batches else None
         labels[items] = first[c] + community_labels(
             nbrs, int(share[c]), skip=skip, window=window, partitioner=partitioner,
             seed=_rng.derive_seed(seed, c), embeddings=xc, imbalance=imbalance, edges=edges,

@@ -199,11 +199,7 @@ class GCBSSampler(PartitionSampler):
         self.paired = paired
         self.quantile, self.method = float(quantile), method
         self.shuffle_batches = bool(shuffle_batches)
-        self.nlist, self.nprobe = check_search_args(nlist, nprobe)
-        if self.nlist is not None and self.nlist > n:
-            raise ValueError(f"nlist={nlist} must be at most the N={n} items (inverted lists "
-                             "of the 'ivf' / 'faiss' pair search); use nlist <= N or None "
-                             "(default sqrt(N))")
+        self.nlist, self.nprobe = check_search_args(nlist, nprobe, n)
         if partitions is not None and check_int(partitions, "partitions", low=1) > n:
             raise ValueError(f"partitions={partitions} must be at most the N={n} items; use "
                              "partitions <= N or None")

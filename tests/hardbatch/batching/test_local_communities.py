@@ -73,6 +73,24 @@ def test_sub_cells_and_kept_ranks(x):
         assert len(set(out.subcells[out.labels == c].tolist())) == 1
 
 
+def test_a_cell_is_never_cut_into_more_sub_cells_than_its_communities():
+    """Cells of 6 items, B = 4, one batch per sub-cell: round(6 / 4) = 2 sub-cells, but 30 items
+    in 8 parts give some cells one community; before, such a cell raised at the first epoch
+    (found on data seeds 0, 1 and 5). Now its sub-cells are capped at its communities."""
+    x = np.random.default_rng(0).standard_normal((30, 8)).astype(np.float32)
+    cells = np.arange(30) // 6
+    out = local_communities(x, cells, 8, skip=1, window=3, cell_batches=1, batch_size=4)
+    assert sorted(set(out.labels.tolist())) == list(range(8))
+    share = apportion(np.bincount(cells), 8)
+    for c in range(5):  # a cell's sub-cells never outnumber its communities
+        assert len(set(out.subcells[cells == c].tolist())) <= share[c]
+    for seed in (0, 1, 5):
+        x = np.random.default_rng(seed).standard_normal((30, 8)).astype(np.float32)
+        sampler = hb.CommunityBatchSampler(x, 4, 1, skip=1, window=3,
+                                           cells=hb.CommunityCells(batches=1, items=6))
+        assert sorted(i for batch in sampler for i in batch) == list(range(30))
+
+
 def test_short_cells_are_padded_with_the_item_itself():
     x = torch.nn.functional.normalize(torch.randn(6, 4, generator=torch.Generator()
                                                   .manual_seed(1)), dim=1)

@@ -119,8 +119,8 @@ def gcbs_setup(embeddings, paired, quantile: float, method: str, seed: int, nlis
         ((40, 8), dtype('float32'), 0.6)
     """
     resolve_method(method, 1)  # checks the name
-    nlist, nprobe = check_search_args(nlist, nprobe)
     x = as_embeddings(embeddings, "embeddings", normalize=True)
+    nlist, nprobe = check_search_args(nlist, nprobe, x.shape[0])
     if paired is None:
         y = x
     else:
@@ -165,8 +165,8 @@ def gcbs_permutation(embeddings: torch.Tensor | np.ndarray, quantile: float = 0.
         seed: seeds the quantile sample and the random relabelling that breaks
             ties in reverse Cuthill-McKee (so epochs with equal embeddings differ).
         nlist, nprobe: inverted lists (default sqrt(N) for ``"ivf"``, ``min(N / 39,
-            4 sqrt(N))`` for ``"faiss"``) and lists probed per list (positive integers;
-            ``nprobe >= nlist`` probes every list).
+            4 sqrt(N))`` for ``"faiss"``; at most N) and lists probed per list (positive
+            integers; ``nprobe >= nlist`` probes every list).
         partitions: cells of ``"partition"`` (default ceil(N / 100,000); with
             ``method="auto"``: ceil(N / 2,500)).
         device: where the products run (``"cuda"``: threshold, pairs; the ordering

@@ -119,8 +119,9 @@ def partition_count(n: int, partitions: int | None) -> int:
 _EMPTY = (np.empty(0, np.int64), np.empty(0, np.int64))
 
 
-def check_search_args(nlist, nprobe) -> tuple[int | None, int]:
-    """``nlist`` (None: the method's default) and ``nprobe`` of the inverted-file searches.
+def check_search_args(nlist, nprobe, n: int | None = None) -> tuple[int | None, int]:
+    """``nlist`` (None: the method's default; at most the ``n`` items when given) and
+    ``nprobe`` of the inverted-file searches.
 
     Example:
         >>> from hardbatch.batching.gcbs import check_search_args
@@ -133,6 +134,10 @@ def check_search_args(nlist, nprobe) -> tuple[int | None, int]:
     """
     if nlist is not None:
         nlist = check_int(nlist, "nlist", low=1)
+        if n is not None and nlist > n:
+            raise ValueError(f"nlist={nlist} must be at most the N={n} items (inverted lists "
+                             "of the 'ivf' / 'faiss' pair search); use nlist <= N or None "
+                             "(default sqrt(N))")
     return nlist, check_int(nprobe, "nprobe", low=1)
 
 
@@ -229,7 +234,7 @@ class PairSearchLayout:
         if method not in ("exact", "ivf", "faiss"):
             raise ValueError(f"method={method!r} must be 'exact', 'ivf', 'faiss' or "
                              "(in gcbs_permutation) 'auto' or 'partition'")
-        nlist, nprobe = check_search_args(nlist, nprobe)
+        nlist, nprobe = check_search_args(nlist, nprobe, x.shape[0])
         self.x, self.y, self.threshold, self.method = x, y, float(threshold), method
         self.seed, self.nprobe, self.block_bytes = seed, nprobe, 0
         self.min_partners = check_min_partners(min_partners, x.shape[0])

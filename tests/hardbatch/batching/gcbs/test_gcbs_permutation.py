@@ -105,6 +105,8 @@ def test_gcbs_approximations_close_to_exact(mnist_pca, method):
     (dict(method="ivf", nlist=0), "nlist=0 must be >= 1"),
     (dict(method="ivf", nlist=4.0), "nlist must be an integer"),
     (dict(method="ivf", nprobe=0), "nprobe=0 must be >= 1"),
+    (dict(method="ivf", nlist=51, nprobe=51), "nlist=51 must be at most the N=50 items"),
+    (dict(method="faiss", nlist=60), "nlist=60 must be at most the N=50 items"),
     (dict(method="exact", nlist=-3), "nlist=-3 must be >= 1"),
 ])
 def test_gcbs_bad_input(rng, kwargs, match):
