@@ -121,7 +121,7 @@ def resolve_knn_method(method: str, num_items: int, device: torch.device | None 
 def _recall(approx: np.ndarray, exact: np.ndarray) -> float:
     """Mean over rows of |approx row & exact row| / K."""
     rows, k = exact.shape
-    if rows == 0:
+    if rows == 0 or k == 0:  # nothing to find: every row found all of it
         return 1.0
     # Offset each row's ids into its own range: one sorted membership test, O(R k log k)
     # memory-light (a broadcast comparison would hold R x k x k booleans).

@@ -108,6 +108,8 @@ def test_tuning_reaches_the_target_and_search_checks_dims(data):
     index = NeighborIndex(x, "ivf", seed=0)
     assert index.tune(K) >= 0.96 and 1 <= index.breadth <= index.nlist // 16
     assert index.search(x[:3], 4).shape == (3, 4)
+    assert index.tune(0) == 1.0 and index.breadth == 1  # no neighbour to find (B = 1): was NaN,
+    # and the tuning walked to the largest breadth
     with pytest.raises(ValueError, match="queries have d=8 but the index was built on d=32"):
         index.search(x[:3, :8], 4)
     with pytest.raises(ValueError, match="queries contains NaN"):
