@@ -6,6 +6,8 @@ walks on it.
 
 from __future__ import annotations
 
+import warnings
+
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -203,6 +205,9 @@ class ProximityGraphSampler(WalkSampler):
             group_size = check_group_size(group_size, self.candidates, n)
         elif self.neighbors >= n:
             raise ValueError(f"neighbors={neighbors} must be smaller than N={n}")
+        elif group_size is not None:
+            warnings.warn(f"group_size={group_size} shares candidate pools of graph='proximity'; "
+                          "graph='knn' has none and ignores it (drop group_size)", stacklevel=2)
         self.group_size = group_size
         self.refresh_policy.builder = ProximityGraphBuilder(
             self._plan_shape(), self.candidates, self.neighbors, graph, group_size,

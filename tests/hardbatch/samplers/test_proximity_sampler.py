@@ -96,6 +96,14 @@ def test_bad_input_raises_clear_errors(emb, factory, match):
         factory(emb)
 
 
+def test_group_size_with_the_knn_graph_warns_that_it_is_ignored(emb):
+    with pytest.warns(UserWarning, match="group_size=10 shares candidate pools of "
+                                         "graph='proximity'; graph='knn' has none"):
+        s = hb.ProximityGraphSampler(emb, B, 200, 20, graph="knn", group_size=10, seed=1)
+    ref = hb.ProximityGraphSampler(emb, B, 200, 20, graph="knn", seed=1)
+    assert list(itertools.islice(s, 3)) == list(itertools.islice(ref, 3))
+
+
 # -- restart: numbers of any kind, never 1 ----------------------------------------------------
 
 @pytest.mark.parametrize("alpha", [np.float32(0.3), np.float64(0.3), torch.tensor(0.3),
