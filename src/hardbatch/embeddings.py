@@ -83,6 +83,9 @@ class EmbeddingBank:
     def update(self, indices, batch_embeddings: torch.Tensor) -> None:
         """Store ``batch_embeddings`` [b, d] for items ``indices`` [b]; counts one step.
 
+        An item listed twice keeps its last row (with synchronisation: the highest rank's),
+        on every device.
+
         With synchronisation on (``sync``), the rows of all ranks are stored on
         every rank (collective call). ``indices`` must hold integers (the items' dataset
         indices); floats or booleans raise ``ValueError``.
@@ -113,11 +116,17 @@ class EmbeddingBank:
         if self.synchronized:
             idx, values = sync_bank_update(idx, values, self.process_group)
             idx = idx.cpu()
+        rows = int(idx.numel())
+        uniq, where = torch.unique(idx, return_inverse=True)
+        if len(uniq) < rows:  # an item twice: its last row, written once (a write with repeated
+            last = torch.full_like(uniq, -1).scatter_reduce_(  # indices is undefined on CUDA)
+                0, where, torch.arange(rows), "amax")
+            idx, values = uniq, values[last.to(values.device)]
         self.embeddings[idx.to(self.embeddings.device)] = values.to(self.embeddings.dtype).to(
             self.embeddings.device)
         self.last_update[idx] = self.step
         self.step += 1
-        self.rows_written += int(idx.numel())
+        self.rows_written += rows
 
     def staleness(self) -> torch.Tensor:
         """Steps since each item was last updated, int64 [N]; -1 for items never updated."""

@@ -28,6 +28,30 @@ def test_embedding_bank():
         bank.update([10], torch.ones(1, 4))
 
 
+def test_an_item_listed_twice_keeps_its_last_row_written_once(monkeypatch):
+    """The contract (the highest rank's row under synchronisation) must not rest on the order in
+    which one indexed write with repeated indices lands: undefined on CUDA. The bank writes
+    each item once (checked here by recording the writes), with its last row."""
+    bank = hb.EmbeddingBank(6, 2, init="zeros")
+    rows = torch.tensor([[1.0, 0], [2, 0], [3, 0], [4, 0], [5, 0]])
+    written = []
+    table = bank.embeddings
+
+    class Recorder(torch.Tensor):
+        pass
+
+    def spy(self, key, value):
+        written.append(torch.as_tensor(key).clone())
+        torch.Tensor.__setitem__(table, key, value)
+
+    monkeypatch.setattr(bank, "embeddings", Recorder._make_subclass(Recorder, table))
+    monkeypatch.setattr(Recorder, "__setitem__", spy)
+    bank.update([3, 1, 3, 5, 3], rows)
+    assert torch.equal(table[:, 0], torch.tensor([0.0, 2, 0, 5, 0, 4]))
+    assert [k.tolist() for k in written] == [[1, 3, 5]]  # each item once
+    assert bank.rows_written == 5 and bank.last_update.tolist() == [-1, 0, -1, 0, -1, 0]
+
+
 @pytest.mark.parametrize("indices", [[1.7, 2.2], np.array([1.0, 2.0]), torch.tensor([1.0, 2.0]),
                                      torch.tensor([True, False])])
 def test_bank_update_rejects_non_integer_indices(indices):
