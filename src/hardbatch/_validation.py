@@ -78,7 +78,20 @@ def check_matrix_shape(shape: tuple, name: str) -> None:
                          "with at least one feature")
 
 
+def reject_sampler(x, name: str) -> None:
+    """``ValueError`` if ``x`` is a torch ``Sampler``: a framework rebuilt a hardbatch batch
+    sampler around its own sampler (PyTorch Lightning under DDP, by default), which would
+    otherwise plan over the sampler's share of the items, or fail obscurely."""
+    if isinstance(x, torch.utils.data.Sampler):
+        raise ValueError(
+            f"{name} is a {type(x).__name__} (a torch Sampler), not the items: a framework "
+            "rebuilt this hardbatch batch sampler around its own sampler. PyTorch Lightning does "
+            "so under DDP: pass Trainer(use_distributed_sampler=False) (hardbatch samplers "
+            "split their batches across ranks themselves; docs/integrations.md)")
+
+
 def to_numpy_2d(x, name: str) -> np.ndarray:
+    reject_sampler(x, name)
     if isinstance(x, torch.Tensor):
         x = x.detach()
         if x.dtype in (torch.float16, torch.bfloat16):
@@ -184,6 +197,7 @@ def to_numpy_index_table(x, name: str) -> np.ndarray:
 
 def num_items_of(n_or_dataset, name: str = "n_or_dataset") -> int:
     """Number of items from an int or a sized dataset."""
+    reject_sampler(n_or_dataset, name)
     if isinstance(n_or_dataset, numbers.Integral) and not isinstance(n_or_dataset, bool):
         n = int(n_or_dataset)
     elif hasattr(n_or_dataset, "__len__"):

@@ -45,6 +45,19 @@ def test_dataloader_integration(kind, emb):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_framework_that_rebuilds_the_sampler_around_its_own_gets_a_clear_error(kind, emb):
+    """PyTorch Lightning under DDP (use_distributed_sampler=True, its default) rebuilds a batch
+    sampler as type(bs)(DistributedSampler, batch_size=..., drop_last=...); before, a uniform
+    sampler then planned over the DistributedSampler's N / W items, others failed obscurely."""
+    update = pytest.importorskip("lightning.pytorch.utilities.data")._update_dataloader
+    ds = TensorDataset(torch.arange(N), torch.from_numpy(emb))
+    loader = DataLoader(ds, batch_sampler=make(kind, emb))
+    with pytest.raises(ValueError, match=r"is a DistributedSampler \(a torch Sampler\), not "
+                                         r"the items.*Trainer\(use_distributed_sampler=False\)"):
+        update(loader, torch.utils.data.DistributedSampler(ds, num_replicas=2, rank=0))
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_deterministic_and_epoch_dependent(kind, emb):
     a, b = make(kind, emb, seed=3), make(kind, emb, seed=3)
     ea, eb = list(a), list(b)
