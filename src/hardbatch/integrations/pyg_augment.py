@@ -153,7 +153,8 @@ def augment(x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: int, ratio
     Returns:
         ``(x, edge_index, batch, info)``: the augmented batch (nodes relabelled 0..n'-1, graph
         ids unchanged, so graph g of the output is graph g of the input) and
-        ``info = {"choice": [G]}``.
+        ``info = {"choice": [G], "node_keep": bool [n], "edge_keep": bool [E]}`` (the input's
+        nodes and edges kept, in input order: for other node / edge attributes).
 
     Example:
         >>> from hardbatch.integrations.pyg_augment import augment
@@ -200,7 +201,8 @@ def augment(x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: int, ratio
     edge_keep &= keep[edge_index[0]] & keep[edge_index[1]]
     new_id = torch.cumsum(keep.long(), 0) - 1
     ei = new_id[edge_index[:, edge_keep]]
-    return x_out[keep], ei, batch[keep], {"choice": choice}
+    return x_out[keep], ei, batch[keep], {"choice": choice, "node_keep": keep,
+                                          "edge_keep": edge_keep}
 
 
 def released_self_loops(edge_index: Tensor, batch: Tensor, num_graphs: int) -> Tensor:
@@ -334,7 +336,10 @@ def augment_batch(batch, ratio: float = 0.2, generator: torch.Generator | None =
     """One GraphCL view of a PyG ``Batch``: :func:`augment` of its nodes and edges, graph-level
     attributes (``y``, ``item_id`` of :class:`~hardbatch.integrations.pyg.IndexedGraphDataset`,
     ...) kept as they are, so ``model(augment_batch(batch))`` returns one row per graph in
-    the batch's order.
+    the batch's order. Edge attributes (``edge_attr``, ``edge_weight``, ...) follow the kept
+    edges and other node attributes (``pos``, ``z``, ...) the kept nodes, as PyG's
+    ``Data.subgraph`` tells them apart (``is_edge_attr`` / ``is_node_attr``; a tensor of one
+    row per graph counts as graph-level unless its name says ``edge``).
 
     Args:
         batch: a ``torch_geometric.data.Batch`` with ``x``, ``edge_index`` (undirected: both
@@ -367,17 +372,22 @@ def augment_batch(batch, ratio: float = 0.2, generator: torch.Generator | None =
         raise ValueError("augment_batch needs node features batch.x (e.g. one-hot node labels or "
                          "a constant 1 per node)")
     g = int(batch.num_graphs)
-    x, edge_index, node_graph, _ = augment(batch.x, batch.edge_index, batch.batch, g,
-                                           ratio, generator, augmentations)
+    x, edge_index, node_graph, info = augment(batch.x, batch.edge_index, batch.batch, g,
+                                              ratio, generator, augmentations)
     out = Batch(x=x, edge_index=edge_index, batch=node_graph)
     ptr = torch.zeros(g + 1, dtype=torch.int64)
     torch.cumsum(torch.bincount(node_graph, minlength=g), 0, out=ptr[1:])
     out.ptr = ptr
     for key in batch.keys():  # noqa: SIM118 - a PyG Batch: keys() lists its attributes
-        if key in ("x", "edge_index", "batch", "ptr", "edge_attr") or not torch.is_tensor(
-                batch[key]):
+        value = batch[key]
+        if key in ("x", "edge_index", "batch", "ptr") or not torch.is_tensor(value) or \
+                value.ndim == 0 or batch.__cat_dim__(key, value) != 0:
             continue
-        if batch[key].shape[:1] == (g,):  # graph-level attributes (y, item_id)
-            out[key] = batch[key]
+        if batch.is_edge_attr(key) and (len(value) != g or "edge" in key):
+            out[key] = value[info["edge_keep"]]
+        elif len(value) == g:  # graph-level attributes (y, item_id)
+            out[key] = value
+        elif batch.is_node_attr(key):
+            out[key] = value[info["node_keep"]]
     out._num_graphs = g
     return out

@@ -106,6 +106,31 @@ def _plain_and_gzipped_mutag(data_root, tmp_path):
     return plain, gz
 
 
+def test_augment_batch_carries_edge_and_node_attributes_with_what_it_keeps():
+    """edge_attr (here: each edge's global (src, dst) ids) follows the kept edges and a node
+    attribute (pos: each node's id) the kept nodes, so both still describe the view's graph;
+    graph-level y stays one row per graph. Before, edge_attr and pos were dropped."""
+    pytest.importorskip("torch_geometric")
+    from torch_geometric.data import Batch, Data
+
+    from hardbatch.integrations.pyg_augment import augment_batch
+
+    ring = torch.stack([torch.arange(10), (torch.arange(10) + 1) % 10])
+    ring = torch.cat([ring, ring.flip(0)], dim=1)
+    graphs = [Data(x=torch.ones(10, 3), edge_index=ring, y=torch.tensor([g]),
+                   edge_weight=torch.rand(20)) for g in range(4)]
+    batch = Batch.from_data_list(graphs)
+    batch.edge_attr = batch.edge_index.t().float()  # [E, 2]: the edge's own endpoints
+    batch.pos = torch.arange(batch.num_nodes).float()[:, None].repeat(1, 3)  # [n, 3]: node id
+    for seed in range(6):
+        view = augment_batch(batch, 0.2, torch.Generator().manual_seed(seed))
+        old_id = view.pos[:, 0].long()  # the view's node i was input node old_id[i]
+        assert view.pos.shape == (view.num_nodes, 3) and bool((old_id[1:] > old_id[:-1]).all())
+        assert torch.equal(view.edge_attr.long(), old_id[view.edge_index].t())
+        assert view.edge_weight.shape == (view.edge_index.shape[1],)
+        assert torch.equal(view.y, batch.y) and view.num_graphs == 4
+
+
 def test_pyg_tu_dataset_reads_the_distributed_layout(data_root, tmp_path):
     """issue 17.14: PyG's TUDataset conventions over tu/NAME/NAME_*.txt (no raw/ folder,
     read-only, gzipped files): the same graphs as read_tu_data, nothing written into root."""
