@@ -16,10 +16,12 @@ The contract with your ``LightningModule``:
   (Lightning itself only calls ``set_epoch`` on ``DataLoader.sampler`` and
   ``batch_sampler.sampler``, not on the batch sampler).
 
-The bank is saved in Lightning checkpoints (``state_dict`` / ``load_state_dict`` of the
-callback). The sampler's walk position is not: resuming from a mid-epoch Lightning checkpoint
-starts that epoch's batches afresh. For multi-GPU runs pass ``use_distributed_sampler=False``
-to the ``Trainer``: hardbatch samplers split batches across ranks themselves.
+The bank and the sampler's place in its epoch are saved in Lightning checkpoints
+(``state_dict`` / ``load_state_dict`` of the callback): resuming from a mid-epoch checkpoint
+trains exactly the rest of the epoch's batches (Lightning, restarting mid-epoch, calls no
+``on_train_epoch_start``; the loaded sampler state carries the epoch). For multi-GPU runs pass
+``use_distributed_sampler=False`` to the ``Trainer``: hardbatch samplers split batches across
+ranks themselves.
 
 ::
 
@@ -79,14 +81,14 @@ class _BankFeeder:
         self.embeddings_key = embeddings_key
         self.strict = strict
         self.updates = 0
+        self.consumed = 0  # batches of the current epoch trained (for the sampler's state)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self.consumed = 0
         if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(int(trainer.current_epoch))
 
-    def on_train_batch_end(
-        self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def _feed(self, outputs: Any) -> None:
         if (
             not isinstance(outputs, Mapping)
             or self.indices_key not in outputs
@@ -104,12 +106,27 @@ class _BankFeeder:
         self.bank.update(outputs[self.indices_key], embeddings.detach().float())
         self.updates += 1
 
+    def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._feed(outputs)
+        self.consumed = int(batch_idx) + 1
+
     def state_dict(self) -> dict:
-        return {"bank": self.bank.state_dict(), "updates": self.updates}
+        state = {"bank": self.bank.state_dict(), "updates": self.updates,
+                 "consumed": self.consumed}
+        if hasattr(self.sampler, "state_dict"):  # where the epoch's batches stand
+            state["sampler"] = self.sampler.state_dict(consumed=self.consumed)
+        return state
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.bank.load_state_dict(state_dict["bank"])
         self.updates = int(state_dict.get("updates", 0))
+        self.consumed = int(state_dict.get("consumed", 0))
+        if "sampler" in state_dict and hasattr(self.sampler, "load_state_dict"):
+            self.sampler.load_state_dict(state_dict["sampler"])
+            if int(state_dict["sampler"]["step"]) >= len(self.sampler):  # saved at an epoch's
+                self.sampler.set_epoch(self.sampler.epoch + 1)  # last batch: Lightning goes on
+                # with the next epoch, and calls no on_train_epoch_start to say so
 
 
 def embedding_bank_callback_class(package: str | None = None) -> type:

@@ -97,3 +97,43 @@ def test_lightning_callback_contract_error():
     with pytest.raises(ValueError, match="'indices'"):
         trainer.fit(_lightning_module(L, return_dict=False),
                     torch.utils.data.DataLoader(_IndexedTensors(x), batch_sampler=sampler))
+
+
+@pytest.mark.parametrize("kind,stop", [("uniform", 3), ("uniform", 5), ("knn", 7), ("knn", 10)])
+def test_lightning_mid_epoch_resume_trains_the_batches_of_the_uninterrupted_run(tmp_path, kind,
+                                                                               stop):
+    """A checkpoint taken mid-epoch (ModelCheckpoint(every_n_train_steps)) carries the
+    sampler's place: the resumed run trains exactly the rest of the uninterrupted run's batches
+    (before, the callback saved no sampler state and Lightning, restarting mid-epoch, calls no
+    on_train_epoch_start: the rest of epoch 1 was drawn from epoch 0's plan). Stops 5 and 10: a
+    checkpoint at an epoch's last batch, after which Lightning goes on with the next epoch."""
+    L = pytest.importorskip("lightning.pytorch")
+    from hardbatch.integrations.lightning import EmbeddingBankCallback
+
+    x = torch.randn(40, 8, generator=torch.Generator().manual_seed(0))
+
+    def run(max_steps=-1, ckpt_path=None, every=None):
+        torch.manual_seed(0)
+        bank = hb.EmbeddingBank(40, 4)
+        sampler = (hb.UniformBatchSampler(40, 8, seed=3) if kind == "uniform" else
+                   hb.KNNBatchSampler(bank, 8, 3, seed=3))
+        module, seen = _lightning_module(L), []
+        step = module.training_step
+        module.training_step = lambda batch, batch_idx: (  # the views' noise: seeded by step
+            seen.append(batch[0].tolist()), torch.manual_seed(module.global_step),
+            step(batch, batch_idx))[2]
+        checkpoints = [L.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=every,
+                                                   save_top_k=-1)] if every else []
+        trainer = L.Trainer(max_epochs=3, max_steps=max_steps, accelerator="cpu", devices=1,
+                            logger=False, enable_progress_bar=False, enable_model_summary=False,
+                            enable_checkpointing=bool(every),
+                            callbacks=[EmbeddingBankCallback(bank, sampler), *checkpoints])
+        trainer.fit(module, torch.utils.data.DataLoader(_IndexedTensors(x), batch_sampler=sampler),
+                    ckpt_path=ckpt_path)
+        return seen
+
+    full = run()
+    first = run(max_steps=stop, every=stop)
+    (checkpoint,) = tmp_path.glob("*.ckpt")
+    rest = run(ckpt_path=checkpoint, every=100)
+    assert len(full) == 15 and len(first) == stop and first + rest == full
