@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import hashlib
 import os
 import shutil
 from collections.abc import Callable
@@ -205,13 +206,25 @@ def _tu_folder(root: Path, name: str) -> Path:
         "(nothing is downloaded)")
 
 
+def _source_cache(cache: Path, folder: Path, name: str) -> Path:
+    """``cache/NAME/KEY``: the cache of the TU files in ``folder``, KEY a hash of the folder's
+    path and its ``NAME_*`` files' names, sizes and modification times, so another dataset of
+    the same name, or edited files, never read a stale cache."""
+    h = hashlib.sha256(str(folder.resolve()).encode())
+    for path in sorted(folder.glob(f"{name}_*")):
+        stat = path.stat()
+        h.update(f"|{path.name}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return cache / name / h.hexdigest()[:16]
+
+
 def _raw_dir(folder: Path, name: str, cache: Path) -> Path:
-    """``folder`` when all its TU files are plain text; else a cache folder holding the plain
-    files (symlinked) and the gzipped ones decompressed, built once."""
+    """``folder`` when all its TU files are plain text; else a cache folder (``cache``, of
+    :func:`_source_cache`) holding the plain files (symlinked) and the gzipped ones
+    decompressed, built once."""
     gz = sorted(folder.glob(f"{name}_*.txt.gz"))
     if not gz:
         return folder
-    raw = cache / name / "raw"
+    raw = cache / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for path in sorted(folder.glob(f"{name}_*.txt")) + gz:
         target = raw / path.name.removesuffix(".gz")
@@ -242,7 +255,7 @@ def _tu_class():
 
         class RawTUDataset(TUDataset):
             """``TUDataset`` reading raw files from ``raw_folder`` (no ``raw/`` layout), with
-            processed tensors under ``cache/NAME/processed``; never downloads."""
+            processed tensors under ``cache/NAME/KEY/processed``; never downloads."""
 
             def __init__(self, raw_folder: str, cache: str, name: str, **kwargs) -> None:
                 self._raw_folder, self._cache = raw_folder, cache
@@ -254,7 +267,7 @@ def _tu_class():
 
             @property
             def processed_dir(self) -> str:
-                return os.path.join(self._cache, self.name, "processed")
+                return os.path.join(self._cache, "processed")
 
             def download(self) -> None:
                 raise FileNotFoundError(f"TU dataset {self.name}: raw files missing in "
@@ -280,8 +293,9 @@ def tu_dataset(root: str | os.PathLike, name: str, cache_dir: str | os.PathLike 
     TU files as distributed (and as ``shared/data/tu`` holds them) lie in ``ROOT/NAME/``
     directly, may be read-only and may be gzipped (``NAME_A.txt.gz``). This reads them in
     place (gzipped files are decompressed once into the cache) and writes PyG's processed
-    tensors into ``cache_dir/NAME/processed``; nothing is written into ``root`` and nothing is
-    downloaded. Graphs, features and labels are exactly ``TUDataset``'s (``read_tu_data``).
+    tensors into ``cache_dir/NAME/KEY/processed`` (KEY: a hash of the source folder and its
+    files' names, sizes and modification times); nothing is written into ``root`` and nothing
+    is downloaded. Graphs, features and labels are exactly ``TUDataset``'s (``read_tu_data``).
 
     Args:
         root: the folder holding ``NAME/`` (or ``NAME/raw/``, PyG's layout, or the files
@@ -316,6 +330,6 @@ def tu_dataset(root: str | os.PathLike, name: str, cache_dir: str | os.PathLike 
     if cache_dir is None:
         base = os.environ.get("HARDBATCH_CACHE")
         cache_dir = (Path(base) if base else Path.home() / ".cache" / "hardbatch") / "pyg_tu"
-    cache = Path(cache_dir).expanduser()
+    cache = _source_cache(Path(cache_dir).expanduser(), folder, name)
     raw = _raw_dir(folder, name, cache)
     return _tu_class()(str(raw), str(cache), name, **kwargs)

@@ -151,9 +151,37 @@ def test_pyg_tu_dataset_reads_the_distributed_layout(data_root, tmp_path):
             assert torch.equal(ds[g].x, data.x[slices["x"][g]:slices["x"][g + 1]])
             assert int(ds[g].y) == int(data.y[g])
     assert sorted(p.name for p in (gz / "MUTAG").iterdir()) == before  # root untouched
-    assert (tmp_path / "cache-gz" / "MUTAG" / "processed").is_dir()
+    assert [p.name for p in (tmp_path / "cache-gz" / "MUTAG").glob("*/processed")]
     with pytest.raises(FileNotFoundError, match="NOPE_A.txt"):
         tu_dataset(plain, "NOPE", cache_dir=tmp_path / "c")
+
+
+def test_pyg_tu_datasets_of_one_name_never_share_a_cache(tmp_path):
+    """Two datasets named TOY in different folders, then one of them edited, one cache_dir:
+    each reads its own graphs (before, the processed tensors were cached by name alone and
+    the second dataset was the first one's graphs)."""
+    pytest.importorskip("torch_geometric")
+    import numpy as np
+
+    from hardbatch.integrations.pyg import tu_dataset
+
+    def toy(root, sizes):  # rings of the given sizes in the TU-Dortmund layout
+        folder = tmp_path / root / "TOY"
+        folder.mkdir(parents=True, exist_ok=True)
+        edges, graph, offset = [], [], 0
+        for g, n in enumerate(sizes):
+            edges += [(offset + a + 1, offset + (a + 1) % n + 1) for a in range(n)]
+            graph += [g + 1] * n
+            offset += n
+        np.savetxt(folder / "TOY_A.txt", edges + [(b, a) for a, b in edges], fmt="%d",
+                   delimiter=", ")
+        np.savetxt(folder / "TOY_graph_indicator.txt", graph, fmt="%d")
+        return tmp_path / root
+
+    cache = tmp_path / "cache"
+    for root, sizes in (("one", [3, 4]), ("two", [5, 6, 7]), ("one", [8, 9, 10, 11])):
+        ds = tu_dataset(toy(root, sizes), "TOY", cache_dir=cache)
+        assert [d.num_nodes for d in ds] == sizes, root
 
 
 def test_pyg_graphcl_augmentations_are_public(data_root, tmp_path):
