@@ -31,7 +31,12 @@ __all__ = ["check_partition_keys", "check_walk_keys", "closed_neighbourhood_boun
 
 def check_walk_keys(keys: DuplicateKeys, batch_size: int) -> None:
     """``ValueError`` unless walks and kNN batches of ``batch_size`` items pairwise sharing no
-    key can be grown (single keys: at least ``batch_size`` distinct keys).
+    key can be grown (single keys: at least ``batch_size`` distinct keys, then every batch can).
+
+    Key sets: proven for every batch when the ``batch_size - 1`` largest closed neighbourhoods
+    leave an item free (:func:`closed_neighbourhood_bound`); else this checks that one such
+    batch exists, and a batch whose anchor meets too many items may still have to take an
+    item that shares a key (the samplers warn when one does).
 
     Example:
         >>> from hardbatch.keys import check_walk_keys, encode_keys

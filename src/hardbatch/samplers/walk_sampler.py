@@ -9,6 +9,8 @@ run, and each batch grows from a start node / anchor of a per-epoch
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .. import _rng
@@ -104,8 +106,17 @@ class WalkSampler(EmbeddingSampler):
             # batch of the step began with, so that the step's batches differ
             used = set(self._step_starts)
             start = next(int(v) for v in self.walk_state.start_order if int(v) not in used)
+        taken = int(self.walk_state.fallbacks[0])
         batch = self.draw(structure, index, _rng.derive_seed(self.seed, self.epoch, index, 0xB),
                           start)
+        if self.walk_state.fallbacks[0] > taken and getattr(self, "_warned", None) != self.epoch:
+            self._warned = self.epoch  # once per epoch
+            warnings.warn(
+                f"duplicate_keys: batch {index} of epoch {self.epoch} holds items that share a "
+                f"key: its items' key sets (anchor: item {int(batch[0])}) meet so many others "
+                "that no item free of their keys was left to complete it; use a smaller "
+                "batch_size or keys that tell more items apart",
+                stacklevel=2)
         self._step_starts.append(int(batch[0]))
         return batch
 

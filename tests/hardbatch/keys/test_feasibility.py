@@ -134,3 +134,35 @@ def test_ranks_serving_fewer_full_batches_check_the_plan_they_serve():
     with pytest.raises(ValueError, match="held by 20 items"):
         hb.UniformBatchSampler(40, 8, drop_last=True, world_size=3, rank=0,
                                duplicate_keys=["k"] * 20 + [f"u{i}" for i in range(20)])
+
+
+@pytest.mark.parametrize("kind", ["knn", "proximity"])
+def test_a_walk_or_knn_batch_that_must_take_a_shared_key_warns(kind):
+    """Key sets where item 0 meets every item but one: the construction check finds a key-free
+    batch (it exists), but a batch anchored at item 0 cannot be completed without a shared key.
+    Before, such batches were served silently (found by review); now every epoch that serves
+    one warns, naming the anchor, and no warning comes where none is served."""
+    import itertools
+    import warnings
+
+    x = np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)
+    keys = [frozenset("abcd"), frozenset("a"), frozenset("b"), frozenset("c"), frozenset("d"),
+            frozenset()]
+    sampler = (hb.KNNBatchSampler(x, 4, refresh_every=None, duplicate_keys=keys)
+               if kind == "knn" else
+               hb.ProximityGraphSampler(x, 4, 4, 3, refresh_every=None, duplicate_keys=keys))
+    served = 0
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            batches = list(sampler)
+        shared = [b for b in batches if any(keys[i] & keys[j]
+                                            for i, j in itertools.combinations(b, 2))]
+        messages = [str(w.message) for w in caught if "duplicate_keys" in str(w.message)]
+        assert len(messages) == (1 if shared else 0), (epoch, shared, messages)
+        if shared:
+            served += 1
+            assert "holds items that share a key" in messages[0] and "smaller batch_size" in \
+                messages[0]
+    assert served  # the case occurs
