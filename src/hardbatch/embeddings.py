@@ -113,6 +113,11 @@ class EmbeddingBank:
         if not torch.isfinite(values).all():
             raise ValueError("batch_embeddings contains NaN or inf; the bank keeps only finite "
                              "embeddings (check the encoder output)")
+        values = values.to(self.embeddings.dtype)
+        if not torch.isfinite(values).all():
+            raise ValueError(f"batch_embeddings overflow the bank's dtype {self.embeddings.dtype} "
+                             "(a value beyond its range); normalise the rows first or use a "
+                             "float32 bank")
         if self.synchronized:
             idx, values = sync_bank_update(idx, values, self.process_group)
             idx = idx.cpu()
@@ -122,7 +127,7 @@ class EmbeddingBank:
             last = torch.full_like(uniq, -1).scatter_reduce_(  # indices is undefined on CUDA)
                 0, where, torch.arange(rows), "amax")
             idx, values = uniq, values[last.to(values.device)]
-        self.embeddings[idx.to(self.embeddings.device)] = values.to(self.embeddings.dtype).to(
+        self.embeddings[idx.to(self.embeddings.device)] = values.to(
             self.embeddings.device)
         self.last_update[idx] = self.step
         self.step += 1

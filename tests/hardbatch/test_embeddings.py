@@ -26,6 +26,10 @@ def test_embedding_bank():
         bank.update([1, 2, 3], torch.ones(2, 4))
     with pytest.raises(ValueError, match="indices must lie in"):
         bank.update([10], torch.ones(1, 4))
+    half = hb.EmbeddingBank(4, 2, dtype=torch.float16, init="zeros")  # 1e5 > fp16's 65504
+    with pytest.raises(ValueError, match="overflow the bank's dtype torch.float16.*normalise"):
+        half.update([0, 1], torch.tensor([[1e5, 1.0], [1.0, 1.0]]))
+    assert half.step == 0 and not half.embeddings.any()  # nothing stored
 
 
 def test_an_item_listed_twice_keeps_its_last_row_written_once(monkeypatch):
