@@ -39,15 +39,21 @@ KEYS_OFF = ", or duplicate_keys=None"
 
 
 def value_key(value):
-    """The comparable form of one cell: strings, bytes and numbers as they are, anything else
-    (lists, dicts, images) by its ``repr``.
+    """The comparable form of one cell: strings, bytes and numbers (NumPy's too) as they are,
+    anything else (None, lists, dicts, images) as the pair (type name, ``repr``), which never
+    equals a string: ``None`` and ``"None"`` stay apart, ``np.int64(5)`` and ``5`` meet.
 
     Example:
+        >>> import numpy as np
         >>> from hardbatch.keys import value_key
-        >>> value_key("a cat"), value_key([1, 2])
-        ('a cat', '[1, 2]')
+        >>> value_key("a cat"), value_key([1, 2]), value_key(np.int64(5))
+        ('a cat', ('list', '[1, 2]'), 5)
     """
-    return value if isinstance(value, (str, bytes, int, float)) else repr(value)
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, (str, bytes, int, float)):
+        return value
+    return (type(value).__qualname__, repr(value))
 
 
 def factorize(values: Sequence) -> tuple[np.ndarray, list]:
@@ -63,7 +69,7 @@ def factorize(values: Sequence) -> tuple[np.ndarray, list]:
     first: dict = {}
     codes = np.fromiter((first.setdefault(value_key(v), len(first)) for v in values),
                         np.int64, count=len(values))
-    return codes, list(first)
+    return codes, [k[1] if isinstance(k, tuple) else k for k in first]  # shown: repr
 
 
 def _arrow_strings(column):
@@ -291,8 +297,9 @@ def encode_keys(keys, num_items: int, name: str = "duplicate_keys") -> Duplicate
     if len(keys) != num_items:
         raise ValueError(f"{name} has {len(keys)} keys but there are N={num_items} items; pass "
                          "one key per item, in dataset order")
-    if num_items and isinstance(keys[0], (set, frozenset)):
-        ptr, idx, names = set_keys(keys, name)
+    keys = list(keys)  # by position (a pandas Series' labels need not be 0 .. N - 1)
+    if any(isinstance(key, (set, frozenset)) for key in keys):  # key sets, wherever the
+        ptr, idx, names = set_keys(keys, name)  # first set is (a plain key among them raises)
         return DuplicateKeys(None, names, ptr, idx)
     first: dict = {}
     raw = np.empty(num_items, np.int64)

@@ -13,7 +13,8 @@ import torch
 from sampler_support import KINDS, N, chain_sets, make
 
 import hardbatch as hb
-from hardbatch.keys.encode import compact_key_ids, encode_keys, factorize_columns, key_sets
+from hardbatch.keys.encode import (compact_key_ids, encode_keys, factorize, factorize_columns,
+                                   key_sets)
 
 
 def test_encode_keys_ids_values_and_counts():
@@ -113,3 +114,25 @@ def test_compact_key_ids_renumber_and_check():
     for bad in ([0, 1], [0, -2, 1], [0.5, 1.0, 2.0]):
         with pytest.raises(ValueError, match="key_ids must be 3 integers >= -1"):
             compact_key_ids(np.array(bad), 3, 1)
+
+
+def test_mixed_plain_keys_and_key_sets_and_positional_series():
+    """A plain key among key sets is a ValueError naming it, whichever comes first (before, a
+    plain first key made every set one opaque key: no conflict found, silently); a pandas Series
+    is read by position (before, a Series without label 0 raised KeyError)."""
+    for keys, bad in ((["a", frozenset({"a"}), frozenset({"a", "b"})], 0),
+                      ([frozenset({"a"}), "a", frozenset({"a", "b"})], 1)):
+        with pytest.raises(ValueError, match=rf"duplicate_keys\[{bad}\] = 'a' is not a set"):
+            encode_keys(keys, 3)
+    pd = pytest.importorskip("pandas")
+    texts = pd.DataFrame({"text": ["x", "b", "a", "b", "d"]}).iloc[1:]["text"]
+    assert encode_keys(texts, 4).ids.tolist() == encode_keys(["b", "a", "b", "d"], 4).ids.tolist()
+
+
+def test_factorize_codes_are_equal_exactly_for_equal_values():
+    """None never meets the string "None" (nor a list its repr); NumPy scalars meet the equal
+    Python numbers (before: None == "None" and np.int64(5) != 5)."""
+    assert factorize([None, "None", [1, 2], "[1, 2]", None])[0].tolist() == [0, 1, 2, 3, 0]
+    codes, uniques = factorize_columns([[5, 6], np.array([5, 7])])
+    assert codes.tolist() == [[0, 0], [1, 2]] and uniques == [5, 6, 7]
+    assert factorize([np.float32(0.5), 0.5, np.str_("a"), "a"])[0].tolist() == [0, 0, 1, 1]
