@@ -129,7 +129,8 @@ def unit_rows(table, ids: np.ndarray, name: str = "embeddings") -> Tensor:
 
 
 def labels_array(labels, num_items: int | None = None, name: str = "labels") -> np.ndarray:
-    """Labels as a 1-D array; with ``num_items``, one label per embedding row is required."""
+    """Labels as a 1-D array (object labels: int codes, equal for equal labels); with
+    ``num_items``, one label per embedding row is required."""
     if isinstance(labels, Tensor):
         labels = labels.detach().cpu().numpy()
     try:
@@ -147,4 +148,12 @@ def labels_array(labels, num_items: int | None = None, name: str = "labels") -> 
     if num_items is not None and arr.shape[0] != num_items:
         raise ValueError(f"labels has {arr.shape[0]} entries but embeddings has {num_items} rows; "
                          "pass one label per item")
+    if arr.dtype == object:  # Python objects (mixed types sort in no order): equal-value codes
+        values = arr.tolist()
+        if any(v is None for v in values):
+            raise ValueError(f"{name} contains None at position {values.index(None)}; every "
+                             "item needs a label")
+        from ..keys.encode import factorize
+
+        arr = factorize(values)[0]
     return arr

@@ -104,6 +104,8 @@ def test_false_negative_rate_matches_loop(tiny, batch):
     assert M.batch_false_negative_rate(torch.from_numpy(labels), batch) == got
     as_strings = np.array([f"class-{v}" for v in labels])
     assert M.batch_false_negative_rate(as_strings, batch) == got
+    mixed = [f"class-{v}" if v % 2 else int(v) for v in labels]  # str and int: no sort order
+    assert M.batch_false_negative_rate(mixed, batch) == got
 
 
 @pytest.mark.parametrize("batch", BATCHES + [[1, 1, 1], [2, 3, 2, 3, 2]])
@@ -232,6 +234,8 @@ def test_batch_stats_reference_figures_are_measured_in_the_reference(tiny, refer
     (lambda x, y: M.batch_false_negative_rate(y, [0, 12]), "outside"),
     (lambda x, y: M.batch_false_negative_rate(y.reshape(3, 4), [0, 1]), "labels must be 1-D"),
     (lambda x, y: M.batch_false_negative_rate(np.array([0.0, np.nan]), [0, 1]), "NaN"),
+    (lambda x, y: M.batch_false_negative_rate([None, "a", None], [0, 1, 2]),
+     "labels contains None at position 0; every item needs a label"),
     (lambda x, y: M.batch_stats(x, [0, 1], y[:5]), "labels has 5 entries"),
     (lambda x, y: M.similarity_histogram(x, [0, 1], bins=0), "bins"),
     (lambda x, y: M.similarity_histogram(x, [0, 1], range=(1, -1)), "range"),
