@@ -170,7 +170,7 @@ def indexed_batch(batch, ids=None) -> tuple[Tensor, ...]:
             or idx.dtype == torch.bool:
         raise ValueError(f"the batch's first entry is {_describe(idx)}, not the [B] integer "
                          f"item ids; {fix}")
-    if ids is not None and not torch.equal(idx.long().cpu(), torch.as_tensor(ids).long()):
+    if ids is not None and not torch.equal(idx.long().cpu(), torch.as_tensor(ids).long().cpu()):
         raise ValueError(f"the batch's first entry {idx.tolist()[:8]} is not the sampler's ids "
                          f"{torch.as_tensor(ids).tolist()[:8]}; {fix}")
     for k, view in enumerate(batch[1:], 1):
