@@ -5,9 +5,9 @@ silently. :func:`seal` adds to a state dict an ``integrity`` record: the SHA-256
 serialisation of everything else in it (every tensor's dtype, shape, strides, offset and the
 bytes of its whole storage, as ``torch.save`` writes them; numbers, strings, lists, tuples and
 dicts with their types; every multi-byte number in little-endian order, so a checksum written
-on one machine verifies on any other) and the version of hardbatch that wrote it. :func:`verify` recomputes it
-and raises ``ValueError`` with the word "corrupted" on a mismatch; a state without the record
-is reported as such (False), and the caller refuses it.
+on one machine verifies on any other) and the version of hardbatch that wrote it.
+:func:`verify` recomputes it and raises ``ValueError`` with the word "corrupted" on a mismatch;
+a state without the record is reported as such (False), and the caller refuses it.
 
 Public names of a private module: the library's own helpers, not part of the user API.
 """
