@@ -23,7 +23,10 @@ exactly in three steps, each a public function:
 The parameter gradients are those of the plain backward of the same forward pass (the chunks
 computed with a graph, concatenated, the loss, ``backward()``); with ``chunk_size >= B``, or
 without randomness and batch statistics in the encoder, that is ``loss(f(x1), f(x2)).backward()``
-itself. :class:`GradCache` is the three steps for a pair of views. Memory: one chunk's
+itself, up to rounding: ``.grad`` sums the chunks' contributions in the parameters' dtype, so
+with bf16 / fp16 parameters the rounding grows with the number of chunks (keep float32
+parameters and use ``torch.autocast``). :class:`GradCache` is the three steps for a pair of
+views. Memory: one chunk's
 activations, plus the ``[B, d]`` embeddings, their cache, and the loss of the whole batch (for
 InfoNCE the ``2B x 2B`` logits). Time: one more forward pass of the encoder.
 """
