@@ -26,9 +26,9 @@ without randomness and batch statistics in the encoder, that is ``loss(f(x1), f(
 itself, up to rounding: ``.grad`` sums the chunks' contributions in the parameters' dtype, so
 with bf16 / fp16 parameters the rounding grows with the number of chunks (keep float32
 parameters and use ``torch.autocast``). :class:`GradCache` is the three steps for a pair of
-views. Memory: one chunk's
-activations, plus the ``[B, d]`` embeddings, their cache, and the loss of the whole batch (for
-InfoNCE the ``2B x 2B`` logits). Time: one more forward pass of the encoder.
+views. Memory: one chunk's activations, plus the ``[B, d]`` embeddings, their cache, and the
+loss of the whole batch (for InfoNCE the ``2B x 2B`` logits). Time: one more forward pass of
+the encoder.
 """
 
 from __future__ import annotations
