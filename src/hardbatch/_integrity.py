@@ -53,7 +53,7 @@ def little_endian_bytes(data: np.ndarray, dtype: torch.dtype, big_endian: bool) 
         >>> little_endian_bytes(big, torch.int32, big_endian=True).view("<i4").tolist()
         [1, 2]
     """
-    size = torch.empty(0, dtype=dtype).element_size() // (2 if dtype.is_complex else 1)
+    size = dtype.itemsize // (2 if dtype.is_complex else 1)
     if not big_endian or size == 1 or data.size % size:
         return data
     return np.ascontiguousarray(data.reshape(-1, size)[:, ::-1]).reshape(-1)

@@ -109,12 +109,11 @@ class EmbeddingBank:
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= self.num_items):
             raise ValueError(f"indices must lie in [0, {self.num_items}); got values in "
                              f"[{int(idx.min())}, {int(idx.max())}]")
-        values = batch_embeddings.detach()
-        if not torch.isfinite(values).all():
-            raise ValueError("batch_embeddings contains NaN or inf; the bank keeps only finite "
-                             "embeddings (check the encoder output)")
-        values = values.to(self.embeddings.dtype)
-        if not torch.isfinite(values).all():
+        values = batch_embeddings.detach().to(self.embeddings.dtype)
+        if not torch.isfinite(values).all():  # one scan; which fault, only on a fault
+            if not torch.isfinite(batch_embeddings).all():
+                raise ValueError("batch_embeddings contains NaN or inf; the bank keeps only "
+                                 "finite embeddings (check the encoder output)")
             raise ValueError(f"batch_embeddings overflow the bank's dtype {self.embeddings.dtype} "
                              "(a value beyond its range); normalise the rows first or use a "
                              "float32 bank")

@@ -69,6 +69,7 @@ class WalkSampler(EmbeddingSampler):
         super().__init__(embeddings, batch_size, every=refresh_every, **options)
         self.walk_state: WalkState | None = None  # the epoch's start nodes and seen items
         self._step_starts: list[int] = []
+        self._warned_epoch: int | None = None  # the epoch whose key fallback was reported
 
     def draw(self, structure, index: int, seed: int, start: int | None) -> np.ndarray:
         """Plan batch ``index`` of the epoch, grown with stream ``seed`` from ``start`` (None:
@@ -109,8 +110,8 @@ class WalkSampler(EmbeddingSampler):
         taken = int(self.walk_state.fallbacks[0])
         batch = self.draw(structure, index, _rng.derive_seed(self.seed, self.epoch, index, 0xB),
                           start)
-        if self.walk_state.fallbacks[0] > taken and getattr(self, "_warned", None) != self.epoch:
-            self._warned = self.epoch  # once per epoch
+        if self.walk_state.fallbacks[0] > taken and self._warned_epoch != self.epoch:
+            self._warned_epoch = self.epoch  # once per epoch
             warnings.warn(
                 f"duplicate_keys: batch {index} of epoch {self.epoch} holds items that share a "
                 f"key: its items' key sets (anchor: item {int(batch[0])}) meet so many others "

@@ -75,10 +75,10 @@ class Trainer:
             ``config.guide``), or an ``nn.Module`` guide applied without gradient to the two
             views. The loss is called with ``false_negatives=guided_mask(guide_1, guide_2,
             config.guide_margin, form=, gather=, group=)`` (the loss's options: with
-            ``gather=True`` under DDP the ``[b, B_global]`` mask of the global batch). With a per-item embedding both views
-            share the item's row, so j is masked for anchor i when ``cos(g_i, g_j) > 1 -
-            guide_margin`` (``guide_margin`` must then be > 0). The loss must accept
-            ``false_negatives=`` (every hardbatch loss does).
+            ``gather=True`` under DDP the ``[b, B_global]`` mask of the global batch). With a
+            per-item embedding both views share the item's row, so j is masked for anchor i when
+            ``cos(g_i, g_j) > 1 - guide_margin`` (``guide_margin`` must then be > 0). The loss
+            must accept ``false_negatives=`` (every hardbatch loss does).
 
     Example:
         >>> import torch
