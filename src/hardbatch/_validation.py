@@ -78,13 +78,13 @@ def check_matrix_shape(shape: tuple, name: str) -> None:
                          "with at least one feature")
 
 
-def reject_sampler(x, name: str) -> None:
+def reject_sampler(x, name: str, expected: str = "the items") -> None:
     """``ValueError`` if ``x`` is a torch ``Sampler``: a framework rebuilt a hardbatch batch
     sampler around its own sampler (PyTorch Lightning under DDP, by default), which would
     otherwise plan over the sampler's share of the items, or fail obscurely."""
     if isinstance(x, torch.utils.data.Sampler):
         raise ValueError(
-            f"{name} is a {type(x).__name__} (a torch Sampler), not the items: a framework "
+            f"{name} is a {type(x).__name__} (a torch Sampler), not {expected}: a framework "
             "rebuilt this hardbatch batch sampler around its own sampler. PyTorch Lightning does "
             "so under DDP: pass Trainer(use_distributed_sampler=False) (hardbatch samplers "
             "split their batches across ranks themselves; docs/integrations.md)")

@@ -39,7 +39,7 @@ from torch.utils.data import BatchSampler, Sampler, SequentialSampler
 from ._integrity import digest, library_version, seal, verify
 from ._plan_format import FORMAT, VERSION, Plan, atomic_write, dataset_folder, jsonable_options, \
     parquet_column, pyarrow_modules, read_plan, write_table
-from ._validation import check_int, embedding_tensor, num_items_of
+from ._validation import check_int, embedding_tensor, num_items_of, reject_sampler
 from .distributed import get_rank_world
 from .registry import canonical_sampler, make_sampler
 
@@ -275,6 +275,8 @@ class PlanBatchSampler(Sampler[list[int]]):
         embeddings: optional, checked against the plan's ``embeddings_sha256``.
         interleave_ranks: yield every rank's batch of a step, in rank order, for a loader that
             shards batches across processes itself (accelerate: process r gets rank r's).
+        batch_size, drop_last: optional checks, as a ``BatchSampler`` takes them: a
+            ``ValueError`` unless they are the plan's (``None``: not checked).
 
     ``state_dict(consumed=k)`` / ``load_state_dict`` resume mid-epoch as the samplers' do (any
     rank's state resumes every rank).
@@ -294,7 +296,9 @@ class PlanBatchSampler(Sampler[list[int]]):
     """
 
     def __init__(self, plan, *, rank: int | None = None, world_size: int | None = None,
-                 dataset=None, embeddings=None, interleave_ranks: bool = False) -> None:
+                 dataset=None, embeddings=None, interleave_ranks: bool = False,
+                 batch_size: int | None = None, drop_last: bool | None = None) -> None:
+        reject_sampler(plan, "plan", "a plan")  # Lightning DDP: type(bs)(sampler, batch_size=)
         self.plan = p = _as_plan(plan)
         here = get_rank_world()
         self.world_size = check_int(here[1] if world_size is None else world_size,
@@ -323,6 +327,12 @@ class PlanBatchSampler(Sampler[list[int]]):
         # None under interleave_ranks: accelerate then shards short batches by position too
         self.batch_size = None if self.interleave_ranks else p.batch_size
         self.drop_last = bool(p.options.get("drop_last", False))
+        for name, want, have in (("batch_size", batch_size, p.batch_size),
+                                 ("drop_last", drop_last, self.drop_last)):
+            if want is not None and want != have:
+                raise ValueError(f"{name}={want!r} but {p.path} was written with {name}={have!r}; "
+                                 f"leave {name} out (the plan sets it) or write the plan with "
+                                 f"{name}={want!r}")
         self.num_items, self.seed, self.epoch = p.num_rows, p.seed, 0
         self._start, self._yielded, self._active, self._finished = 0, 0, False, None
 

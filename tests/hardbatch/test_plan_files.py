@@ -436,6 +436,30 @@ def test_plan_batch_sampler_refuses_a_dataset_dict(plan):
                                                                      "test": data}))
 
 
+@pytest.mark.parametrize("interleave", [False, True])
+def test_lightning_rebuilding_the_replay_around_its_sampler_gets_a_clear_error(plan, interleave):
+    """Lightning under DDP (use_distributed_sampler=True, its default) calls
+    type(bs)(DistributedSampler, batch_size=bs.batch_size, drop_last=bs.drop_last); before, a
+    raw TypeError ("unexpected keyword argument 'batch_size'") named neither cause nor fix."""
+    update = pytest.importorskip("lightning.pytorch.utilities.data")._update_dataloader
+    ds = torch.utils.data.TensorDataset(torch.arange(N))
+    loader = DataLoader(ds, batch_sampler=PlanBatchSampler(plan, rank=0, world_size=2,
+                                                           interleave_ranks=interleave))
+    with pytest.raises(ValueError, match=r"plan is a DistributedSampler \(a torch Sampler\), "
+                                         r"not a plan.*Trainer\(use_distributed_sampler=False\)"):
+        update(loader, torch.utils.data.DistributedSampler(ds, num_replicas=2, rank=0))
+
+
+def test_plan_batch_sampler_checks_batch_size_and_drop_last_against_the_plan(plan):
+    sampler = PlanBatchSampler(plan, rank=0, world_size=2, batch_size=B, drop_last=False)
+    assert [list(b) for b in sampler] == plan.batches(0, 0)
+    with pytest.raises(ValueError, match=rf"batch_size=9 but {plan.path} was written with "
+                                         r"batch_size=8; leave batch_size out"):
+        PlanBatchSampler(plan, rank=0, world_size=2, batch_size=9)
+    with pytest.raises(ValueError, match=r"drop_last=True but .* drop_last=False"):
+        PlanBatchSampler(plan, rank=0, world_size=2, drop_last=True)
+
+
 def test_a_resumed_epoch_replays_its_batches_on_every_process(x, tmp_path, monkeypatch):
     """transformers 5.24 resuming mid-epoch e >= 1 on 2 processes: accelerate wraps the sampler
     (SkipBatchSampler(BatchSamplerShard(...))) and the trainer's set_epoch does not reach it;
