@@ -293,6 +293,38 @@ def test_code_search_contrast_table_pairs_each_arm_with_its_base(tmp_path):
     assert "| why 2 | pending | 10.0 | — |" in second  # no mined run: no effect, no cost
 
 
+def test_code_search_length_table_compares_the_effect_at_both_lengths(tmp_path):
+    from hardbatch_experiments.reports import code_search
+
+    short, long = tmp_path / "confirm", tmp_path / "epoch"
+    assert code_search.length_table(short, long, "test") == "(no runs yet)"
+    for s in (1, 2, 3, 4):  # 150 steps: community+mined leads by 1, 2, 3, 4 points
+        _write(short, f"m{s}.json", _codesearch_run("mined", s, 0.50, 0.7))
+        _write(short, f"c{s}.json", _codesearch_run("community+mined", s, 0.50 + 0.01 * s, 0.7))
+    for s, lead in ((1, 0.02), (2, 0.02), (3, 0.05)):  # one epoch: +3 points on every seed
+        _write(long, f"m{s}.json", _codesearch_run("mined", s, 0.53, 0.7))
+        _write(long, f"c{s}.json", _codesearch_run("community+mined", s, 0.53 + lead, 0.7))
+    _write(long, "m4.json", _codesearch_run("mined", 4, 0.53, 0.7))  # no pair: not counted
+    rows = code_search.length_table(short, long, "test").splitlines()
+    assert rows[0] == "| comparison | training | seeds | MRR@10 (test) difference x 100 |"
+
+    def cell(line: str) -> list[str]:
+        return [c.strip() for c in line.strip("| ").split(" | ")][1:]
+
+    def text(values) -> str:
+        m, lo, hi = _t_interval(values)
+        noise = "beyond" if lo > 0 or hi < 0 else "within"
+        return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}] (n = {len(values)}, paired), {noise} noise"
+
+    assert cell(rows[2]) == ["150 steps", "1,2,3,4", text([1.0, 2.0, 3.0, 4.0])]
+    assert cell(rows[3]) == ["150 steps, the epoch's seeds", "1,2,3", text([1.0, 2.0, 3.0])]
+    assert cell(rows[4]) == ["one epoch", "1,2,3", text([2.0, 2.0, 5.0])]
+    assert cell(rows[5]) == ["both", "1,2,3,4", text([3.0] * 4)]  # mined: epoch vs 150 steps
+    assert cell(rows[6]) == ["both", "1,2,3", text([4.0, 3.0, 5.0])]
+    assert cell(rows[7]) == ["both", "1,2,3", text([1.0, 0.0, 2.0])]  # change of the effect
+    assert "one epoch's effect minus 150 steps'" in rows[7]
+
+
 def test_code_search_charges_one_mining_computation_at_its_least_measured_cost(tmp_path):
     from hardbatch_experiments.reports import code_search
 

@@ -9,7 +9,9 @@ wave of 150-step runs on the valid split, seed 0 (``scripts/codesearch_grid.sh``
 ``SEEDS=0 EVAL=valid``); ``confirm/``: the pre-registered confirmation on fresh seeds and the
 test split; ``pilots/wave2/``: wave 2's pilot (issue 43: sentence-transformers' hardness
 weighting, B3 as its authors run it), valid, seed 0. Every arm is compared with ``default`` (and the hard-batch arms with ``mined``) on
-the seeds both finished: the mean per-seed difference with its 95% t-interval. ``gpu/``: the
+the seeds both finished: the mean per-seed difference with its 95% t-interval. ``epoch/``:
+the full epoch (wave 2), compared with ``mined`` and, seed by seed, with the same arms' 150-step
+runs in ``confirm/`` (:func:`length_table`). ``gpu/``: the
 runs of ``scripts/gpu_evidence.sh`` (full fine-tuning, whole epochs, B = 64 and 256, on a GPU;
 compared with ``default`` at the same batch size), ``gpu/timing/``: its timed steps.
 """
@@ -188,6 +190,49 @@ def contrast_table(folder: Path, split: str, contrasts=WAVE2_CONTRASTS,
                "arm: wall (min, charged)", "base: wall (min, charged)"], rows)
 
 
+def length_table(short: Path, long: Path, split: str, arm: str = "community+mined",
+                 base: str = "mined") -> str:
+    """Training length: ``arm`` against ``base`` after the short runs (``short``: 150 steps, on
+    all their seeds and on the long runs' seeds only) and after the long ones (``long``: one
+    epoch), and each of the two arms' long run against its short run on the same seeds; MRR@10
+    on ``split``, paired, x 100 ("pending" before a shared seed)."""
+    s_by, l_by = runs_by_arm(short), runs_by_arm(long)
+    if not (l_by.get(arm) or l_by.get(base)):
+        return "(no runs yet)"
+    seeds = sorted(set(l_by.get(arm, {})) & set(l_by.get(base, {})))
+
+    def only(recs: dict) -> dict:
+        return {k: v for k, v in recs.items() if k in seeds}
+
+    def seeds_of(*arms: dict) -> str:
+        return ",".join(map(str, sorted(set.intersection(*(set(a) for a in arms))))) or "—"
+
+    a, b = arm_name(arm), arm_name(base)
+    s_arm, s_base, l_arm, l_base = (s_by.get(arm, {}), s_by.get(base, {}), l_by.get(arm, {}),
+                                    l_by.get(base, {}))
+    rows = [[f"{a} vs {b}", "150 steps", seeds_of(s_arm, s_base),
+             _effect(s_arm, s_base, split, "mrr@10")],
+            [f"{a} vs {b}", "150 steps, the epoch's seeds", seeds_of(only(s_arm), only(s_base)),
+             _effect(only(s_arm), only(s_base), split, "mrr@10")],
+            [f"{a} vs {b}", "one epoch", seeds_of(l_arm, l_base),
+             _effect(l_arm, l_base, split, "mrr@10")],
+            *([f"{arm_name(x)}: one epoch vs 150 steps", "both", seeds_of(l_by.get(x, {}),
+               s_by.get(x, {})), _effect(l_by.get(x, {}), s_by.get(x, {}), split, "mrr@10")]
+              for x in (base, arm)),
+            [f"{a} vs {b}: one epoch's effect minus 150 steps' (per seed)", "both",
+             seeds_of(l_arm, l_base, s_arm, s_base), effect_text(
+                 paired_effect(_gaps(l_arm, l_base, split), _gaps(s_arm, s_base, split)), 2,
+                 100.0, signs=False, missing="pending")]]
+    return md(["comparison", "training", "seeds", f"MRR@10 ({split}) difference x 100"], rows)
+
+
+def _gaps(arm: dict, base: dict, split: str) -> dict[int, float]:
+    """``{seed: arm's MRR@10 - base's}`` on ``split``, over the seeds both scored."""
+    return {k: metric_value(arm[k], split, "mrr@10") - metric_value(base[k], split, "mrr@10")
+            for k in set(arm) & set(base) if metric_value(arm[k], split, "mrr@10") is not None
+            and metric_value(base[k], split, "mrr@10") is not None}
+
+
 def package_table(folder: Path, split: str) -> str:
     """Per package of ``split`` (pairs, distinct queries): default's MRR@10 (x 100, mean over
     its seeds) and every other trained arm's MRR@10 against default on that package's queries
@@ -335,6 +380,7 @@ def tables(results: Path) -> dict[str, str]:
             "confirm": arm_table(results / "confirm", "test",
                                  ("default", "mined", "community+mined"), mining),
             "epoch": arm_table(results / "epoch", "test", ("mined",), mining),
+            "epoch_length": length_table(results / "confirm", results / "epoch", "test"),
             "wave2_confirm": contrast_table(results / "confirm", "test", mining=mining),
             "packages": package_table(results / "confirm", "test"),
             "gpu": gpu_table(results / "gpu"),
