@@ -56,15 +56,21 @@ def parquet_column(path, column, what: str):
         ['a', 'b']
         >>> tmp.cleanup()
     """
-    pa, pq = pyarrow_modules()
-    try:
-        names = pq.read_schema(path).names
-    except pa.ArrowInvalid as exc:
-        raise ValueError(f"{path} is not a readable Parquet file ({exc})") from None
+    names = parquet_names(path)
     if column not in names:
         raise ValueError(f"{path} has no column {column!r} (its columns: {', '.join(names)}); "
                          f"pass column= (hardbatch plan --column) naming the {what} column")
-    return pq.read_table(path, columns=[column]).column(column).combine_chunks()
+    return pyarrow_modules()[1].read_table(path, columns=[column]).column(column) \
+        .combine_chunks()
+
+
+def parquet_names(path) -> list[str]:
+    """The column names of Parquet file ``path``; ``ValueError`` if it is not one."""
+    pa, pq = pyarrow_modules()
+    try:
+        return pq.read_schema(path).names
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"{path} is not a readable Parquet file ({exc})") from None
 
 
 def dataset_folder(path):
@@ -107,12 +113,24 @@ def jsonable_options(options: dict) -> dict:
     """
     out = {}
     for key, value in options.items():
-        text = json.dumps(value, sort_keys=True,
-                          default=lambda v: v.tolist() if hasattr(v, "tolist") else repr(v))
-        out[key] = json.loads(text) if len(text) <= 512 else {
-            "summary": f"{type(value).__name__} of {len(json.loads(text))} items",
+        text = json.dumps(value, sort_keys=True, default=_jsonable)
+        loaded = json.loads(text)
+        out[key] = loaded if len(text) <= 512 else {
+            "summary": f"{type(value).__name__} of {len(loaded)} "
+                       f"{'characters' if isinstance(loaded, str) else 'items'}",
             "sha256": hashlib.sha256(text.encode()).hexdigest()}
     return out
+
+
+def _jsonable(v):
+    """JSON for what ``json`` cannot write, the same in every process: arrays as lists, sets in
+    sorted order (a set's own order changes with ``PYTHONHASHSEED``), other objects by their
+    type's name (a ``repr`` may hold a memory address)."""
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    if isinstance(v, (set, frozenset)):
+        return sorted(v, key=lambda x: (type(x).__name__, repr(x)))
+    return f"<{type(v).__module__}.{type(v).__qualname__}>"
 
 
 def atomic_write(path, write) -> None:
@@ -157,7 +175,8 @@ class Plan:
     """A checked plan (:func:`read_plan`): its metadata as attributes (``plan.sampler``,
     ``plan.options``, ``plan.seed``, ``plan.epochs``, ``plan.world_size``, ``plan.batch_size``,
     ``plan.steps_per_epoch``, ``plan.num_rows``, ``plan.embeddings_sha256``, ...; all of them in
-    ``plan.meta``) and :meth:`batches`.
+    ``plan.meta``), ``plan.short_batches`` (whether a batch holds fewer than ``batch_size``
+    rows) and :meth:`batches`.
 
     Example:
         >>> import tempfile, numpy as np
@@ -193,6 +212,7 @@ class Plan:
                              "plan again from the dataset's embeddings (write_plan, hardbatch "
                              "plan)")
         self._order, self._offsets, self._rows = order, offsets, rows
+        self.short_batches = bool((sizes < meta["batch_size"]).any())  # any below batch_size
 
     def __getattr__(self, name):
         meta = self.__dict__.get("meta", {})
@@ -277,7 +297,8 @@ def read_plan(path) -> Plan:
         keys = np.stack([c.to_numpy() for c in columns], 1).astype(np.int64)
         offsets = lists.offsets.to_numpy().astype(np.int64)
         rows = lists.flatten().to_numpy().astype(np.int64)
-    except (pa.ArrowException, KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+    except (pa.ArrowException, KeyError, TypeError, AttributeError, json.JSONDecodeError,
+            UnicodeDecodeError) as exc:
         raise _corrupt(path, f"{type(exc).__name__}: {exc}") from None
     offsets -= offsets[0]
     if digest(_body(meta, keys, offsets, rows)) != meta["sha256"]:

@@ -29,16 +29,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import numbers
 import os
 import warnings
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch.utils.data import BatchSampler, Sampler, SequentialSampler
 
 from ._integrity import digest, library_version, seal, verify
 from ._plan_format import FORMAT, VERSION, Plan, atomic_write, dataset_folder, jsonable_options, \
-    parquet_column, pyarrow_modules, read_plan, write_table
+    parquet_column, parquet_names, pyarrow_modules, read_plan, write_table
 from ._validation import check_int, embedding_tensor, num_items_of, reject_sampler
 from .distributed import get_rank_world
 from .registry import canonical_sampler, make_sampler
@@ -54,7 +56,7 @@ WRITERS = {".parquet": "to_parquet", ".jsonl": "to_json", ".json": "to_json", ".
 def _texts(data, column) -> list[str]:
     if isinstance(data, (str, os.PathLike)):
         data = dataset_folder(data) if os.path.isdir(data) else \
-            parquet_column(data, column, "text").to_pylist()
+            parquet_column(data, column or parquet_names(data)[0], "text").to_pylist()
     if isinstance(data, (list, tuple)) and all(isinstance(t, str) for t in data):
         return list(data)
     from .integrations.sentence_transformers import column_texts
@@ -203,10 +205,12 @@ def write_batches(path, batches, *, num_rows: int, batch_size: int, sampler: str
     fixed embeddings; this writes what no rerun gives back: the batches of a sampler refreshed
     from the model being trained, or of another library's sampler (sentence-transformers').
 
-    ``batches``: one list of batches (row ids) per epoch, every epoch the same number of
-    batches (the format's ``steps_per_epoch``), for one process (``world_size=1``: the global
-    plan that accelerate shards in ``SentenceTransformerTrainer``). ``num_rows``, ``batch_size``:
-    N and the largest batch (each holds 1 to batch_size ids in 0 .. N - 1). ``sampler``, ``seed``,
+    ``batches``: one list of batches per epoch, each batch 1-D integer row ids (a list, array or
+    tensor; other input is a ``ValueError``, an id twice in one batch a warning), every epoch
+    the same number of batches (the format's ``steps_per_epoch``), for one process
+    (``world_size=1``: the global plan that accelerate shards in ``SentenceTransformerTrainer``).
+    ``num_rows``, ``batch_size``: N and the largest batch (each holds 1 to batch_size ids in
+    0 .. N - 1). ``sampler``, ``seed``,
     ``options``: what produced them (stored as given). ``embeddings``: optional, those the
     sampler planned from (their SHA-256 is stored; else ``embeddings_sha256`` is None).
     ``run``: optional JSON-able facts about the run (stored under the metadata key ``run``,
@@ -228,7 +232,8 @@ def write_batches(path, batches, *, num_rows: int, batch_size: int, sampler: str
     """
     num_rows, batch_size = check_int(num_rows, "num_rows", 1), check_int(batch_size,
                                                                           "batch_size", 1)
-    epochs = [[np.asarray(b, np.int64).ravel() for b in epoch] for epoch in batches]
+    epochs = [[_row_ids(b, e, s) for s, b in enumerate(epoch)]
+              for e, epoch in enumerate(batches)]
     if not epochs or not epochs[0]:
         raise ValueError("batches holds no batch; pass one list of batches per epoch")
     steps = len(epochs[0])
@@ -256,6 +261,22 @@ def write_batches(path, batches, *, num_rows: int, batch_size: int, sampler: str
                              ) from None
     write_table(path, meta, {(e, 0): epoch for e, epoch in enumerate(epochs)})
     return read_plan(path)
+
+
+def _row_ids(batch, epoch: int, step: int) -> np.ndarray:
+    """One recorded batch as int64 row ids; ``ValueError`` for anything but a 1-D sequence of
+    integers (an epoch passed without its outer list, float or bool ids), a warning for an id
+    repeated within the batch (its copy becomes a false negative in an in-batch loss)."""
+    a = np.asarray(batch.detach().cpu() if isinstance(batch, torch.Tensor) else batch)
+    if a.ndim != 1 or (a.size and (a.dtype == bool or not np.issubdtype(a.dtype, np.integer))):
+        raise ValueError(f"batches: epoch {epoch}, step {step} is {a.ndim}-D of {a.dtype}, not "
+                         "a 1-D list of integer row ids; pass one list of batches per epoch, "
+                         "e.g. [[[0, 3], [1, 2]]] for one epoch of two batches")
+    a = a.astype(np.int64)
+    if len(np.unique(a)) != len(a):
+        warnings.warn(f"batches: epoch {epoch}, step {step} holds a row id more than once; "
+                      "an in-batch loss then treats the copy as a negative", stacklevel=3)
+    return a
 
 
 def _as_plan(plan) -> Plan:
@@ -329,7 +350,8 @@ class PlanBatchSampler(Sampler[list[int]]):
         self.drop_last = bool(p.options.get("drop_last", False))
         for name, want, have in (("batch_size", batch_size, p.batch_size),
                                  ("drop_last", drop_last, self.drop_last)):
-            if want is not None and want != have:
+            if want is not None and want != have and not (name == "drop_last" and want
+                                                         and not p.short_batches):
                 raise ValueError(f"{name}={want!r} but {p.path} was written with {name}={have!r}; "
                                  f"leave {name} out (the plan sets it) or write the plan with "
                                  f"{name}={want!r}")
@@ -366,6 +388,10 @@ class PlanBatchSampler(Sampler[list[int]]):
         epoch, step = self.epoch, self._yielded if self._active else self._start
         if consumed is not None:
             step = check_int(consumed, "consumed", 0, len(self))
+            if self._active and step > self._yielded:
+                raise ValueError(f"consumed={step} must be between 0 and the {self._yielded} "
+                                 "batches yielded so far; pass how many of them the loop "
+                                 "trained on")
             if self._finished is not None and not self._active:
                 epoch, step = (self._finished[0], step) if step < self._finished[1] \
                     else (self.epoch, 0)
@@ -410,7 +436,8 @@ class PlanSamplerFactory:
             raise ValueError(f"{self.path} holds batches of batch_size={self.plan.batch_size} but "
                              f"the trainer asks for {batch_size}; set per_device_train_batch_size"
                              f"={self.plan.batch_size} (or write the plan with this batch size)")
-        self.samplers.append(PlanBatchSampler(self.plan, dataset=dataset, interleave_ranks=True))
+        self.samplers.append(PlanBatchSampler(self.plan, dataset=dataset, interleave_ranks=True,
+                                              drop_last=True if drop_last else None))
         from .integrations.sentence_transformers.resume import register_resume
         register_resume(self, dataset)  # a resumed run replays the trainer's epoch
         return self.samplers[-1]
@@ -480,7 +507,10 @@ def write_in_plan_order(dataset, plan, path, *, epochs=None, rank: int = 0) -> n
     """
     plan = _as_plan(plan)
     epochs = range(plan.epochs) if epochs is None else [epochs] if isinstance(
-        epochs, int) else list(epochs)
+        epochs, numbers.Integral) else list(epochs)
+    if not epochs:
+        raise ValueError("epochs is empty; pass an epoch, a list of epochs or None (all of the "
+                         f"plan's {plan.epochs})")
     if len(dataset) != plan.num_rows:
         raise ValueError(f"{plan.path} plans batches of {plan.num_rows} rows but the dataset has "
                          f"{len(dataset)}; pass the dataset the plan was written for")

@@ -456,8 +456,85 @@ def test_plan_batch_sampler_checks_batch_size_and_drop_last_against_the_plan(pla
     with pytest.raises(ValueError, match=rf"batch_size=9 but {plan.path} was written with "
                                          r"batch_size=8; leave batch_size out"):
         PlanBatchSampler(plan, rank=0, world_size=2, batch_size=9)
+    assert not plan.short_batches  # so drop_last=True asks for nothing the plan lacks
+    PlanBatchSampler(plan, rank=0, world_size=2, drop_last=True)
+
+
+def test_write_batches_refuses_what_is_not_one_list_of_integer_batches_per_epoch(tmp_path):
+    """Each batch was read as np.asarray(b, int64).ravel(): one epoch passed without its outer
+    list became epochs of 1-row batches, float ids were truncated, bools became 0 / 1."""
+    def write(batches):
+        return plan_files.write_batches(tmp_path / "r.parquet", batches, num_rows=4,
+                                        batch_size=2, sampler="x")
+
+    for bad, what in (([[0, 3], [1, 2]], "0-D of int64"), ([[[0.9, 3.7], [1.2, 2.5]]],
+                      "1-D of float64"), ([[[True, False]]], "1-D of bool"),
+                      ([[[[0, 1]], [[2, 3]]]], "2-D of int64")):
+        with pytest.raises(ValueError, match=rf"batches: epoch 0, step 0 is {what}, not a 1-D "
+                                             r"list of integer row ids; pass one list of "
+                                             r"batches per epoch, e.g. \[\[\[0, 3\]"):
+            write(bad)
+    with pytest.warns(UserWarning, match=r"epoch 0, step 1 holds a row id more than once"):
+        plan = write([[[0, 3], [1, 1]]])
+    assert plan.batches(0) == [[0, 3], [1, 1]]
+    ids = write([[torch.tensor([0, 3]), np.array([1, 2], np.int32)]])  # tensors, other ints
+    assert ids.batches(0) == [[0, 3], [1, 2]]
+
+
+def test_plan_options_are_the_same_under_any_hash_seed(tmp_path):
+    """Sets were written by repr (its order follows PYTHONHASHSEED) and other objects by repr
+    (a memory address): the same inputs gave another file each run."""
+    import subprocess
+    code = ("from hardbatch._plan_format import jsonable_options as j; "
+            "print(j({'keys': [{'doc7', 'q1', 'doc9', 'a', 'b'}] * 3, 'f': lambda: 0}))")
+    seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)},
+                           check=True).stdout for seed in (1, 2, 3)}
+    assert len(seen) == 1, seen
+    got = plan_files.jsonable_options({"keys": [{"b", "a"}], "f": len, "s": "x" * 600})
+    assert got["keys"] == [["a", "b"]] and got["f"] == "<builtins.builtin_function_or_method>"
+    assert got["s"]["summary"] == "str of 600 characters"
+
+
+def test_texts_of_a_parquet_file_default_to_its_first_column(tmp_path):
+    """The docs say a text column defaults to the first; Parquet files asked for column None."""
+    pq.write_table(pa.table({"anchor": [f"t{'x' * i}" for i in range(N)], "other": list(
+        range(N))}), tmp_path / "t.parquet")
+    got = plan_files.load_embeddings(tmp_path / "t.parquet", model=LengthModel())
+    assert np.array_equal(got, plan_files.load_embeddings(tmp_path / "t.parquet",
+                                                          column="anchor", model=LengthModel()))
+
+
+def test_plan_checks_after_review(plan, tmp_path):
+    """consumed beyond the batches yielded (skipped batches on resume), metadata that is not
+    UTF-8 (a raw UnicodeDecodeError), epochs as a NumPy int or empty, and the trainer's
+    dataloader_drop_last against a plan with a short batch."""
+    sampler = PlanBatchSampler(plan, rank=0, world_size=2)
+    it = iter(sampler)
+    next(it)
+    with pytest.raises(ValueError, match=r"consumed=3 must be between 0 and the 1 batches "
+                                         r"yielded so far"):
+        sampler.state_dict(consumed=3)
+    assert sampler.state_dict(consumed=1)["step"] == 1
+    table = pq.read_table(plan.path)
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(table.replace_schema_metadata({b"hardbatch.plan": b'{"a": "\xff"}'}), bad)
+    with pytest.raises(ValueError, match=rf"{bad} is corrupted.*UnicodeDecodeError"):
+        read_plan(bad)
+    data = pytest.importorskip("datasets").Dataset.from_dict({"i": list(range(N))})
+    one = plan_files.write_in_plan_order(data, plan, tmp_path / "a.jsonl", epochs=np.int64(1))
+    assert np.array_equal(one, plan_files.write_in_plan_order(data, plan, tmp_path / "b.jsonl",
+                                                              epochs=1))
+    with pytest.raises(ValueError, match=r"epochs is empty; pass an epoch"):
+        plan_files.write_in_plan_order(data, plan, tmp_path / "c.jsonl", epochs=[])
+    short = plan_files.write_batches(tmp_path / "s.parquet", [[[0, 1], [2]]], num_rows=3,
+                                     batch_size=2, sampler="x")
     with pytest.raises(ValueError, match=r"drop_last=True but .* drop_last=False"):
-        PlanBatchSampler(plan, rank=0, world_size=2, drop_last=True)
+        plan_batch_sampler(short)(range(3), batch_size=2, drop_last=True)
+    full = plan_files.write_batches(tmp_path / "f.parquet", [[[0, 1], [2, 3]]], num_rows=4,
+                                    batch_size=2, sampler="x")  # no short batch: nothing to drop
+    assert list(plan_batch_sampler(full)(range(4), batch_size=2, drop_last=True)) == [[0, 1],
+                                                                                      [2, 3]]
 
 
 def test_a_resumed_epoch_replays_its_batches_on_every_process(x, tmp_path, monkeypatch):

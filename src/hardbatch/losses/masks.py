@@ -133,10 +133,15 @@ def _check_guides(guide_anchor, guide_positive) -> ValueError | None:
             dtype = f" {x.dtype}" if isinstance(x, Tensor) else ""
             return ValueError(f"{name} must be a 2-D float tensor [B, d] of guide embeddings, "
                               f"got{dtype} {got}")
-        if not bool(torch.isfinite(x).all()):
-            return ValueError(f"{name} contains NaN or inf values; check the guide model")
     if guide_anchor.shape != guide_positive.shape:
         return ValueError(
             f"guide_anchor and guide_positive must have the same shape [B, d] (row i of each is a "
             f"pair), got {tuple(guide_anchor.shape)} and {tuple(guide_positive.shape)}")
+    if guide_anchor.device != guide_positive.device:
+        return ValueError(f"guide_anchor and guide_positive must be on the same device, got "
+                          f"{guide_anchor.device} and {guide_positive.device}; move them with "
+                          ".to(device)")
+    for name, x in (("guide_anchor", guide_anchor), ("guide_positive", guide_positive)):
+        if not bool(torch.isfinite(x).all()):
+            return ValueError(f"{name} contains NaN or inf values; check the guide model")
     return None

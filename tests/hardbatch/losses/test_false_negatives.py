@@ -159,6 +159,8 @@ def test_guided_mask_feeds_the_losses_and_has_no_gradient():
     ({"guide_anchor": torch.randn(4)}, "guide_anchor must be a 2-D float tensor"),
     ({"guide_positive": torch.ones(4, 3, dtype=torch.long)}, "guide_positive must be a 2-D float"),
     ({"guide_anchor": torch.full((4, 3), math.nan)}, "guide_anchor contains NaN"),
+    ({"guide_positive": torch.randn(4, 3, device="meta")},  # was a raw RuntimeError in matmul
+     r"guide_anchor and guide_positive must be on the same device, got cpu and meta; move"),
 ])
 def test_guided_mask_errors(kwargs, match):
     args = {"guide_anchor": torch.randn(4, 3), "guide_positive": torch.randn(4, 3), **kwargs}
