@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import uuid
 from pathlib import Path
 
@@ -125,12 +126,15 @@ def jsonable_options(options: dict) -> dict:
 def _jsonable(v):
     """JSON for what ``json`` cannot write, the same in every process: arrays as lists, sets in
     sorted order (a set's own order changes with ``PYTHONHASHSEED``), other objects by their
-    type's name (a ``repr`` may hold a memory address)."""
+    ``repr`` (a schedule's states its values), or their type's name where the ``repr`` holds a
+    memory address."""
     if hasattr(v, "tolist"):
         return v.tolist()
     if isinstance(v, (set, frozenset)):
         return sorted(v, key=lambda x: (type(x).__name__, repr(x)))
-    return f"<{type(v).__module__}.{type(v).__qualname__}>"
+    text = repr(v)
+    return f"<{type(v).__module__}.{type(v).__qualname__}>" if re.search(r" at 0x[0-9a-fA-F]",
+                                                                         text) else text
 
 
 def atomic_write(path, write) -> None:
