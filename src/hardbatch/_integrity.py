@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import re
 import struct
 import sys
 
@@ -28,6 +29,24 @@ __all__ = ["INTEGRITY_KEY", "digest", "library_version", "little_endian_bytes", 
 INTEGRITY_KEY = "integrity"
 FORMAT = 1  # of the canonical serialisation below
 _BIG_ENDIAN = sys.byteorder == "big"  # the serialisation is little-endian on every machine
+
+
+def stable_repr(value) -> str:
+    """``repr(value)``, the same in every process: a ``repr`` holding a memory address (a
+    function, a ``functools.partial``, an object without its own ``repr``) is replaced by the
+    object's qualified name, or its type's.
+
+    Example:
+        >>> from hardbatch._integrity import stable_repr
+        >>> stable_repr([0.5]), stable_repr(lambda e: 0.1), stable_repr(object())
+        ('[0.5]', 'hardbatch._integrity.<lambda>', '<builtins.object>')
+    """
+    text = repr(value)
+    if not re.search(r" at 0x[0-9a-fA-F]", text):
+        return text
+    if getattr(value, "__qualname__", None) and getattr(value, "__module__", None):
+        return f"{value.__module__}.{value.__qualname__}"
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
 def library_version() -> str:

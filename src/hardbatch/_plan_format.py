@@ -14,13 +14,12 @@ import hashlib
 import itertools
 import json
 import os
-import re
 import uuid
 from pathlib import Path
 
 import numpy as np
 
-from ._integrity import digest, library_version
+from ._integrity import digest, library_version, stable_repr
 from ._validation import check_int
 
 __all__ = ["FORMAT", "META_FIELDS", "META_KEY", "VERSION", "Plan", "atomic_write",
@@ -125,16 +124,13 @@ def jsonable_options(options: dict) -> dict:
 
 def _jsonable(v):
     """JSON for what ``json`` cannot write, the same in every process: arrays as lists, sets in
-    sorted order (a set's own order changes with ``PYTHONHASHSEED``), other objects by their
-    ``repr`` (a schedule's states its values), or their type's name where the ``repr`` holds a
-    memory address."""
+    sorted order (a set's own order changes with ``PYTHONHASHSEED``), other objects by
+    :func:`~hardbatch._integrity.stable_repr` (a schedule's ``repr`` states its values)."""
     if hasattr(v, "tolist"):
         return v.tolist()
     if isinstance(v, (set, frozenset)):
         return sorted(v, key=lambda x: (type(x).__name__, repr(x)))
-    text = repr(v)
-    return f"<{type(v).__module__}.{type(v).__qualname__}>" if re.search(r" at 0x[0-9a-fA-F]",
-                                                                         text) else text
+    return stable_repr(v)
 
 
 def atomic_write(path, write) -> None:

@@ -37,6 +37,7 @@ CPU for ``gloo``. This module imports nothing of the builds: they import it.
 from __future__ import annotations
 
 import operator
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -83,6 +84,13 @@ def resolve_rank_world(rank: int | None = None, world_size: int | None = None) -
         >>> resolve_rank_world(), resolve_rank_world(1, 4)
         ((0, 1), (1, 4))
     """
+    if rank is None and world_size is not None and not (dist.is_available()
+                                                        and dist.is_initialized()):
+        if check_int(world_size, "world_size", low=1) > 1:
+            warnings.warn(f"world_size={world_size} without rank, and torch.distributed is not "
+                          "initialised: this process takes rank 0, as would every process "
+                          "constructed so (each then trains rank 0's share); pass rank= (or "
+                          "construct the sampler after init_process_group)", stacklevel=3)
     if rank is None or world_size is None:
         dist_rank, dist_world = get_rank_world()
         rank = dist_rank if rank is None else rank

@@ -83,3 +83,18 @@ def test_bank_and_sampler_not_distributed_without_init(rng):
         hb.ProximityGraphSampler(unit_rows(rng, 300, 8), 16, 50, 5, distributed=True)
     with pytest.raises(ValueError, match="sync="):
         hb.EmbeddingBank(10, 2, sync="yes")
+
+
+def test_world_size_without_rank_outside_torch_distributed_warns():
+    """Each of W processes constructing UniformBatchSampler(N, B, world_size=W) before
+    init_process_group took rank 0: all trained rank 0's share, silently."""
+    with pytest.warns(UserWarning, match=r"world_size=4 without rank, and torch.distributed is "
+                                         r"not initialised: this process takes rank 0.*pass rank="):
+        s = hb.UniformBatchSampler(64, 8, world_size=4)
+    assert s.rank == 0
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hb.UniformBatchSampler(64, 8, world_size=4, rank=3)  # explicit: no warning
+        hb.UniformBatchSampler(64, 8, world_size=1)
+        hb.UniformBatchSampler(64, 8)

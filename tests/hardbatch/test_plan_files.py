@@ -493,7 +493,7 @@ def test_plan_options_are_the_same_under_any_hash_seed(tmp_path):
     assert len(seen) == 1, seen
     got = plan_files.jsonable_options({"keys": [{"b", "a"}], "f": lambda: 0, "s": "x" * 600,
                                        "restart": hb.LinearDecay(0.2, 0.05)})
-    assert got["keys"] == [["a", "b"]] and got["f"] == "<builtins.function>"
+    assert got["keys"] == [["a", "b"]] and got["f"].endswith(".<lambda>")
     assert got["restart"] == repr(hb.LinearDecay(0.2, 0.05))  # a repr without an address stays
     assert got["s"]["summary"] == "str of 600 characters"
 

@@ -48,13 +48,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from .._integrity import INTEGRITY_KEY, digest, seal, verify
+from .._integrity import INTEGRITY_KEY, digest, seal, stable_repr, verify
 from .._validation import check_int
 from ..data import warn_if_loader_items_lack_index
 from ..distributed import resolve_rank_world
@@ -78,7 +79,7 @@ def _setting(value):
         return str(value)
     if type(value).__repr__ is object.__repr__:
         return type(value).__name__
-    return repr(value)
+    return stable_repr(value)  # a function: its name (its repr holds an address)
 
 
 def check_state_keys(state: dict, keys) -> None:
@@ -153,6 +154,7 @@ class PlanSampler(Sampler[list[int]]):
         self.sampler_seconds = 0.0  # time spent planning batches (graphs, walks)
         self._pending: list[Step] = []  # steps to replay after load_state_dict
         self._start_step = 0
+        self._loaded: dict | None = None  # the loaded state, until an iteration takes it up
         self._recent: collections.deque[Step] = collections.deque(maxlen=LOOKBACK)  # yielded
         self._replay: collections.deque[Step] = collections.deque()  # loaded, not replayed yet
         self._yielded = 0
@@ -228,7 +230,7 @@ class PlanSampler(Sampler[list[int]]):
         """
         epoch = check_int(epoch, "epoch", low=0)
         if epoch != self.epoch:
-            self._pending, self._start_step = [], 0
+            self._pending, self._start_step, self._loaded = [], 0, None
         self.epoch = epoch
         self._finished = None
 
@@ -265,12 +267,27 @@ class PlanSampler(Sampler[list[int]]):
         return plan
 
     def _top_up(self, batch: np.ndarray, global_step: int) -> np.ndarray:
-        """A short last global batch of fewer than W items, completed to W items with items
-        of the epoch's first batch (whose keys it lacks), as DistributedSampler pads."""
-        first = np.asarray(self._generate(0, global_step))
-        if self.duplicate_keys is not None:
-            first = self.duplicate_keys.compatible(first, batch)
-        return np.concatenate([batch, first[:self.world_size - len(batch)]])
+        """A short global batch of fewer than W items, completed to W distinct items with items
+        of the epoch's first batches (the first, then the next while short: with shuffled batch
+        orders the short batch can be the first), as DistributedSampler pads; items whose keys
+        it lacks first, others (with a warning) only where those run out."""
+        need = self.world_size - len(batch)
+        found = [np.asarray(batch, np.int64)]
+        for free_of_keys in ((True, False) if self.duplicate_keys is not None else (False,)):
+            for j in range(self.batches_per_epoch):
+                cand = np.asarray(self._generate(j, global_step), np.int64)
+                cand = cand[~np.isin(cand, np.concatenate(found))]
+                if free_of_keys:
+                    cand = self.duplicate_keys.compatible(cand, batch)
+                found.append(cand[:need - (sum(map(len, found)) - len(batch))])
+                if sum(map(len, found)) == self.world_size:
+                    if not free_of_keys and self.duplicate_keys is not None:
+                        warnings.warn(f"duplicate_keys: the short global batch of step "
+                                      f"{global_step} was topped up to world_size="
+                                      f"{self.world_size} items with items sharing its keys; "
+                                      "use keys that tell more items apart", stacklevel=3)
+                    return np.concatenate(found)
+        return np.concatenate(found)  # N >= W * B (checked): not reached
 
     def _rank_batch(self, plan: Step) -> list[int]:
         """This rank's batch of a planned step (its slice of the global batch)."""
@@ -298,7 +315,7 @@ class PlanSampler(Sampler[list[int]]):
         self._begin_epoch(fresh=not (self._pending or self._start_step > 0))
         start = self._start_step
         self._replay = collections.deque(self._pending)
-        self._pending, self._start_step = [], 0
+        self._pending, self._start_step, self._loaded = [], 0, None
         self._recent.clear()
         self._active = True
         base = self.epoch * steps
@@ -354,6 +371,14 @@ class PlanSampler(Sampler[list[int]]):
             return self._state_dict(consumed)
 
     def _state_dict(self, consumed: int | None) -> dict:
+        if self._loaded is not None:
+            # loaded, no iteration since (a checkpoint right after a restart): the loaded state
+            start = self._start_step
+            if consumed is not None and check_int(consumed, "consumed", low=0) != start:
+                raise ValueError(f"consumed={consumed}: this sampler resumed at step {start} of "
+                                 f"epoch {self.epoch} and has yielded nothing since; pass "
+                                 f"consumed={start} or None")
+            return seal(dict(self._loaded, rank=self.rank), "sampler state")
         yielded = self._yielded if self._active else 0
         given = consumed is not None
         consumed = check_int(consumed, "consumed", low=0) if given else yielded
@@ -425,3 +450,4 @@ class PlanSampler(Sampler[list[int]]):
         self._pending = pending
         self._start_step = int(state["step"])
         self._load_generator_state(state["generator"])
+        self._loaded = {k: v for k, v in state.items() if k != INTEGRITY_KEY}

@@ -89,6 +89,32 @@ def test_resume_mid_epoch_yields_exactly_the_rest(kind, emb, cut):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("cut", [0, 3])
+def test_a_state_saved_right_after_a_load_resumes_the_same_place(kind, emb, cut):
+    """A job preempted again before its first batch after a restart: the state saved then held
+    step 0 and no pending batches, so the next resume replayed the epoch from its start."""
+    ref_sampler = make(kind, emb, seed=1)
+    reference = list(ref_sampler) + list(ref_sampler)
+    s = make(kind, emb, seed=1)
+    it = iter(s)
+    head = [next(it) for _ in range(cut)]
+    loaded = make(kind, emb, seed=1)
+    loaded.load_state_dict(s.state_dict())
+    again = loaded.state_dict()  # nothing iterated since the load
+    assert again["step"] == cut and again["epoch"] == 0
+    assert loaded.state_dict(consumed=cut)["step"] == cut
+    with pytest.raises(ValueError, match=rf"consumed={cut + 1}: this sampler resumed at step "
+                                         rf"{cut} of epoch 0 and has yielded nothing since"):
+        loaded.state_dict(consumed=cut + 1)
+    third = make(kind, emb, seed=1)
+    third.load_state_dict(again)
+    assert head + list(third) == reference[:len(s)]
+    assert list(third) == reference[len(s):]
+    assert list(loaded)[0] == reference[cut]  # the loaded sampler itself resumes as before
+    assert loaded.state_dict()["step"] == 0 and loaded.epoch == 1  # then counts afresh
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_resume_with_prefetching_loader(kind, emb):
     # A loader that ran 4 batches ahead: state_dict(consumed=...) rewinds to what was trained.
     reference = list(make(kind, emb, seed=2))

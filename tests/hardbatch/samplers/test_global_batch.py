@@ -187,3 +187,22 @@ def test_no_two_ranks_get_the_same_batch_in_a_step(kind, n, b, world):
             if kind in PARTITIONS:  # padding repeats other batches of the epoch, never the step's
                 items = list(itertools.chain.from_iterable(step))
                 assert len(items) == len(set(items))
+
+
+def test_a_shuffled_short_global_batch_is_topped_up_with_other_items():
+    """GCBS shuffle_batches can put the short global batch first; it was topped up from the
+    epoch's first batch, i.e. itself: [i, i] split over 4 ranks gave two ranks an empty batch
+    (a collate error there, the other ranks waiting in DDP) and item i twice."""
+    x = torch.randn(61, 8, generator=torch.Generator().manual_seed(0))
+    ranks = []
+    for r in range(4):  # 61 items, global batches of 4 * 5: 20, 20, 20 and 1, shuffled
+        s = hb.GCBSSampler(x, 5, world_size=4, rank=r, global_batch=True, shuffle_batches=True,
+                           seed=2)
+        ranks.append(list(s))
+    first = [rank[0] for rank in ranks]
+    assert sorted(map(len, first)) == [1, 1, 1, 1]  # the short batch came first, now W items
+    items = [i for batch in first for i in batch]
+    assert len(set(items)) == 4
+    seen = [i for rank in ranks for batch in rank for i in batch]
+    assert set(seen) == set(range(61))  # every item still served
+    assert len(seen) == 61 + 3  # the 3 top-up items served twice, as DistributedSampler pads

@@ -121,6 +121,24 @@ def test_restart_schedule_reaching_one_is_reported_when_used(emb):
         list(s)  # progress 0, 1/16, ..., 8/16 = 0.5 reaches alpha = 1
 
 
+def test_a_custom_restart_schedule_resumes_in_another_process(emb):
+    """The state recorded restart by repr, which for a function holds its memory address: the
+    same job restarted (a new function object) refused its own state."""
+    def schedule():
+        def decay(progress):
+            return 0.3 - 0.1 * progress
+        return decay
+
+    first = hb.ProximityGraphSampler(emb, B, 200, 20, restart=schedule(), epochs=2, seed=1)
+    head = list(itertools.islice(first, 2))
+    state = first.state_dict()
+    assert state["restart"].endswith("schedule.<locals>.decay") and "0x" not in state["restart"]
+    again = hb.ProximityGraphSampler(emb, B, 200, 20, restart=schedule(), epochs=2, seed=1)
+    again.load_state_dict(state)  # was: "state was saved with restart='<function ... at 0x..>'"
+    ref = hb.ProximityGraphSampler(emb, B, 200, 20, restart=schedule(), epochs=2, seed=1)
+    assert head + list(again) == list(ref)
+
+
 @pytest.mark.parametrize("n,k", [(50, 10), (50, 40), (30, 28), (1000, 20)])
 def test_candidates_hint_is_a_valid_value(emb, n, k):
     with pytest.raises(ValueError, match="lower candidates") as err:
