@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._validation import check_real
+from ._validation import check_int, check_real
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,11 @@ class LinearDecay:
 
     def __post_init__(self) -> None:
         for name in ("start", "end"):
-            value = getattr(self, name)
-            if not 0.0 <= float(value) <= 1.0:
+            value = check_real(getattr(self, name), f"LinearDecay {name}", "a number in [0, 1]")
+            if not 0.0 <= value <= 1.0:
                 raise ValueError(f"LinearDecay {name}={value} must lie in [0, 1]")
-        if self.total_steps is not None and int(check_real(
-                self.total_steps, "LinearDecay total_steps",
-                "a positive number of steps or None (progress from the sampler's epochs)")) <= 0:
-            raise ValueError(f"LinearDecay total_steps={self.total_steps} must be positive")
+        if self.total_steps is not None:
+            check_int(self.total_steps, "LinearDecay total_steps", 1)
 
     def __call__(self, progress: float) -> float:
         """Alpha at ``progress`` in [0, 1] (clipped)."""
@@ -70,11 +68,11 @@ class EpochStepDecay:
 
     def __post_init__(self) -> None:
         for name in ("start", "floor"):
-            value = getattr(self, name)
-            if not 0.0 <= float(value) < 1.0:
+            value = check_real(getattr(self, name), f"EpochStepDecay {name}", "a number in [0, 1)")
+            if not 0.0 <= value < 1.0:
                 raise ValueError(f"EpochStepDecay {name}={value} must lie in [0, 1) (a restart "
                                  "probability of 1 never leaves the start item)")
-        if not float(self.step) >= 0.0:
+        if not check_real(self.step, "EpochStepDecay step", "a number >= 0") >= 0.0:
             raise ValueError(f"EpochStepDecay step={self.step} must be >= 0 (the decrease per "
                              "epoch)")
 

@@ -399,6 +399,10 @@ class CommunityBatchSampler(PartitionSampler):
         self.partitioner, self.knn_method = partitioner, knn_method
         # METIS's working range: [1, 2]; partitioner="kmeans" has no balance tolerance
         self.imbalance = check_imbalance(imbalance) if partitioner == "metis" else imbalance
+        if partitioner != "metis" and imbalance != 1.03:
+            warnings.warn(f"imbalance={imbalance} is METIS's balance tolerance; partitioner="
+                          f"{partitioner!r} has none and ignores it (drop imbalance)",
+                          stacklevel=2)
         check_choice("edges", edges, EDGES)
         check_choice("batching", batching, BATCHINGS)
         self.edges, self.batching = edges, batching

@@ -205,9 +205,13 @@ class ProximityGraphSampler(WalkSampler):
             group_size = check_group_size(group_size, self.candidates, n)
         elif self.neighbors >= n:
             raise ValueError(f"neighbors={neighbors} must be smaller than N={n}")
-        elif group_size is not None:
-            warnings.warn(f"group_size={group_size} shares candidate pools of graph='proximity'; "
-                          "graph='knn' has none and ignores it (drop group_size)", stacklevel=2)
+        else:
+            for name, value, default in (("group_size", group_size, None),
+                                         ("candidates", candidates, 1000)):
+                if value != default:
+                    warnings.warn(f"{name}={value} shapes the candidate pools of "
+                                  f"graph='proximity'; graph='knn' has none and ignores it "
+                                  f"(drop {name})", stacklevel=2)
         self.group_size = group_size
         self.refresh_policy.builder = ProximityGraphBuilder(
             self._plan_shape(), self.candidates, self.neighbors, graph, group_size,

@@ -266,7 +266,8 @@ class SingleSourceBatchSampler(Sampler[list[int]]):
                 raise ValueError(
                     f"source {i} has {n} items, fewer than batch_size={batch_size}"
                     f"{' with drop_last=True' if drop_last else ''}: it cannot fill a batch; "
-                    "use a smaller batch_size, weight 0 for it, or leave the source out")
+                    "use a smaller batch_size, leave the source out, or pass its own sampler "
+                    "(sampler=[...] or batch_samplers=) and weight 0")
             else:  # one plan shared by all ranks: the ranks split the steps, not the sources
                 out.append(UniformBatchSampler(n, batch_size, drop_last=drop_last,
                                                seed=_rng.derive_seed(self.seed, i) & 0x7FFFFFFF,

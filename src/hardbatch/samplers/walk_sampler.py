@@ -80,6 +80,11 @@ class WalkSampler(EmbeddingSampler):
         every = None if every is None else check_int(every, "refresh_every", low=1)
         if lag and every is not None and lag >= every:
             raise ValueError(f"refresh_lag={lag} must be smaller than refresh_every={every}")
+        if lag and every is None:
+            warnings.warn(f"refresh_lag={lag} (or background=True) pipelines the refreshes, but "
+                          "refresh_every=None never refreshes: the walks use the first "
+                          "embeddings' graph, and the option does nothing (drop it, or set "
+                          "refresh_every)", stacklevel=4)
         return every
 
     @property

@@ -165,7 +165,10 @@ def test_imbalance_is_metis_only(emb):
     """The imbalance message's advice, partitioner='kmeans', is followable with any imbalance."""
     with pytest.raises(ValueError, match="or partitioner='kmeans' for groups of any size"):
         hb.CommunityBatchSampler(emb, 64, imbalance=3.0)
-    batches = list(hb.CommunityBatchSampler(emb, 64, imbalance=3.0, partitioner="kmeans"))
+    with pytest.warns(UserWarning, match=r"imbalance=3.0 is METIS's balance tolerance; "
+                                         r"partitioner='kmeans' has none and ignores it"):
+        sampler = hb.CommunityBatchSampler(emb, 64, imbalance=3.0, partitioner="kmeans")
+    batches = list(sampler)
     assert sorted(i for b in batches for i in b) == list(range(len(emb)))
 
 

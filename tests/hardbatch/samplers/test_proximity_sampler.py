@@ -77,7 +77,8 @@ def test_coverage_and_fresh_starts(emb):
      r"LinearDecay\(...\) start=1.0 must lie in \[0, 1\).*KNNBatchSampler"),
     (lambda e: hb.ProximityGraphSampler(e, B, 200, 20, restart=hb.LinearDecay(0.2, 1.0), epochs=2),
      r"LinearDecay\(...\) end=1.0 must lie in \[0, 1\)"),
-    (lambda e: hb.LinearDecay(total_steps=True), "LinearDecay total_steps must be a positive"),
+    (lambda e: hb.LinearDecay(total_steps=True),
+     "LinearDecay total_steps must be an integer, got True"),
     (lambda e: hb.ProximityGraphSampler(e, B, 200, 20, group_size=10**6),
      "group_size=1000000 must be <= 800"),
     (lambda e: hb.ProximityGraphSampler(e, B, 200, 20, group_size=0), "group_size=0 must be >= 1"),
@@ -97,11 +98,26 @@ def test_bad_input_raises_clear_errors(emb, factory, match):
 
 
 def test_group_size_with_the_knn_graph_warns_that_it_is_ignored(emb):
-    with pytest.warns(UserWarning, match="group_size=10 shares candidate pools of "
+    with pytest.warns(UserWarning, match="group_size=10 shapes the candidate pools of "
                                          "graph='proximity'; graph='knn' has none"):
-        s = hb.ProximityGraphSampler(emb, B, 200, 20, graph="knn", group_size=10, seed=1)
-    ref = hb.ProximityGraphSampler(emb, B, 200, 20, graph="knn", seed=1)
+        s = hb.ProximityGraphSampler(emb, B, neighbors=20, graph="knn", group_size=10, seed=1)
+    ref = hb.ProximityGraphSampler(emb, B, neighbors=20, graph="knn", seed=1)
     assert list(itertools.islice(s, 3)) == list(itertools.islice(ref, 3))
+    with pytest.warns(UserWarning, match="candidates=200 shapes the candidate pools of "
+                                         "graph='proximity'; graph='knn' has none and ignores "
+                                         r"it \(drop candidates\)"):  # was silent
+        s = hb.ProximityGraphSampler(emb, B, 200, 20, graph="knn", seed=1)
+    assert list(itertools.islice(s, 3)) == list(itertools.islice(ref, 3))
+
+
+def test_refresh_lag_without_refreshes_warns_that_it_does_nothing(emb):
+    with pytest.warns(UserWarning, match=r"refresh_lag=2 \(or background=True\) pipelines the "
+                                         r"refreshes, but refresh_every=None never refreshes"):
+        hb.ProximityGraphSampler(emb, B, 200, 20, refresh_every=None, refresh_lag=2)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hb.ProximityGraphSampler(emb, B, 200, 20, refresh_every=10, refresh_lag=2)
 
 
 # -- restart: numbers of any kind, never 1 ----------------------------------------------------
@@ -196,3 +212,25 @@ def test_proximity_sampler_accepts_device_and_precision(rng):
                                       device="cpu")) == ref
     half = list(ProximityGraphSampler(x, 16, 60, 8, refresh_every=None, seed=2, precision="bf16"))
     assert len(half) == len(ref) and all(len(set(b)) == 16 for b in half)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: hb.EpochStepDecay(step="0.02"), r"EpochStepDecay step must be a number >= 0, "
+                                             r"got '0.02'"),  # was a TypeError at the 1st batch
+    (lambda: hb.EpochStepDecay(start="0.2"), r"EpochStepDecay start must be a number in \[0, 1\)"),
+    (lambda: hb.EpochStepDecay(floor=1.0), r"EpochStepDecay floor=1.0 must lie in \[0, 1\)"),
+    (lambda: hb.LinearDecay(start="0.2"), r"LinearDecay start must be a number in \[0, 1\]"),
+    (lambda: hb.LinearDecay(end=1.5), r"LinearDecay end=1.5 must lie in \[0, 1\]"),
+    (lambda: hb.LinearDecay(total_steps=2.5), r"LinearDecay total_steps must be an integer, "
+                                              r"got 2.5"),  # was accepted, used as a float
+    (lambda: hb.LinearDecay(total_steps=0), r"LinearDecay total_steps=0 must be >= 1"),
+])
+def test_schedules_refuse_what_is_not_a_number(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_schedules_take_numpy_numbers():
+    assert hb.LinearDecay(np.float32(0.2), 0.05, total_steps=np.int64(10))(1.0) == \
+        pytest.approx(0.05)
+    assert hb.EpochStepDecay(np.float64(0.2), 0.02, 0.05).at_epoch(1) == pytest.approx(0.18)

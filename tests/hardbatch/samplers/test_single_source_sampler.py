@@ -377,7 +377,9 @@ def test_bad_ranks_name_the_parameter_and_the_fix(kwargs, match):
     ({"temperature": 0}, "temperature=0 must be a positive number"),
     ({"temperature": 2, "weights": [1, 1, 1]}, "with explicit weights leave it out"),
     ({"batch_size": 20, "drop_last": True}, "source 2 has 17 items, fewer than batch_size=20 "
-                                            "with drop_last=True.*weight 0 for it"),
+                                            "with drop_last=True.*leave the source out, or "
+                                            r"pass its own sampler \(sampler=\[...\] or "
+                                            "batch_samplers=\\) and weight 0"),
     ({}, "batch_size= is needed"),
 ])
 def test_bad_input_names_the_parameter_and_the_fix(kwargs, match):
@@ -421,3 +423,12 @@ def test_a_second_load_replaces_the_first_before_iterating():
     r.load_state_dict(mid)
     r.load_state_dict(at_start)
     assert list(r) == whole
+
+
+def test_a_source_too_small_for_a_batch_can_stay_with_weight_zero():
+    """The advice of the too-small-source error: its own sampler and weight 0."""
+    s = SingleSourceBatchSampler(sources=[40, 3], weights=[1, 0], batch_samplers=[
+        BatchSampler(SequentialSampler(range(40)), 8, False),
+        BatchSampler(SequentialSampler(range(3)), 8, True)])
+    batches = list(s)
+    assert batches and all(max(b) < 40 for b in batches)  # only source 0's items
