@@ -14,8 +14,9 @@ A plugin is a function ``add(subparsers)`` registered under the entry-point grou
 ``func`` (``args -> exit code``) on it, as :func:`hardbatch.inspect_cli.add_inspect_parser`
 does. The library itself never imports a plugin's package. Bad options or inputs exit with
 code 2 and a one-line message on stderr, never a traceback: :func:`run_guarded` turns the
-library's ``ValueError`` (which names the parameter and the fix), a missing or misplaced file
-and a diverged run (``FloatingPointError``) into that line, for every command and for the
+library's ``ValueError`` (which names the parameter and the fix), a missing or misplaced file,
+a missing optional extra (``ImportError``, naming it) and a diverged run
+(``FloatingPointError``) into that line, for every command and for the
 standalone entry points of plugins; any other exception is a bug and keeps its traceback.
 """
 
@@ -35,10 +36,11 @@ __all__ = ["COMMAND_GROUP", "USER_ERRORS", "build_parser", "main", "run_guarded"
 COMMAND_GROUP = "hardbatch.commands"
 
 #: What a command reports in one line (exit code 2) instead of a traceback: bad values
-#: (the library's ValueError names the parameter and the fix), file problems, and a run that
-#: diverged (FloatingPointError: lower the learning rate or raise the temperature).
+#: (the library's ValueError names the parameter and the fix), file problems, a missing optional
+#: extra (ImportError naming it), and a run that diverged (FloatingPointError: lower the
+#: learning rate or raise the temperature).
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-               PermissionError, FileExistsError, FloatingPointError)
+               PermissionError, FileExistsError, FloatingPointError, ImportError)
 
 
 def run_guarded(prog: str, func, args) -> int:
@@ -72,7 +74,11 @@ def _add_plugin_commands(subparsers) -> None:
             print(f"hardbatch: command {entry.name!r} ({entry.value}) is unavailable: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)
             continue
-        add(subparsers)
+        try:
+            add(subparsers)
+        except Exception as exc:  # noqa: BLE001 - e.g. a name clash with another command
+            print(f"hardbatch: command {entry.name!r} ({entry.value}) is unavailable: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,7 +4,8 @@ Each takes the option's text and returns the value, or raises ``argparse.Argumen
 with a message saying what was expected (argparse then exits with code 2)::
 
     parser.add_argument("--epochs", type=positive_int)
-    parser.add_argument("--restart", type=probability)          # [0, 1]
+    parser.add_argument("--share", type=probability)            # [0, 1]
+    parser.add_argument("--restart", type=restart_probability)  # [0, 1)
     parser.add_argument("--quantile", type=open_probability)    # (0, 1)
     parser.add_argument("--temperature", type=temperature)      # >= 1e-30, the losses' smallest
 
@@ -20,7 +21,7 @@ import math
 from ._validation import MIN_TEMPERATURE
 
 __all__ = ["nonnegative_int", "open_probability", "positive_float", "positive_int", "probability",
-           "temperature"]
+           "restart_probability", "temperature"]
 
 
 def _integer_at_least(text: str, low: int, what: str) -> int:
@@ -107,14 +108,15 @@ def temperature(text: str) -> float:
     return value
 
 
-def _unit_interval(text: str, open_ends: bool) -> float:
-    interval = "(0, 1)" if open_ends else "[0, 1]"
+def _unit_interval(text: str, open_ends: bool, open_top: bool = False) -> float:
+    interval = "(0, 1)" if open_ends else "[0, 1)" if open_top else "[0, 1]"
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}"
                                          ) from None
-    inside = 0.0 < value < 1.0 if open_ends else 0.0 <= value <= 1.0
+    inside = 0.0 < value < 1.0 if open_ends else 0.0 <= value < 1.0 if open_top else \
+        0.0 <= value <= 1.0
     if not inside:  # NaN fails both comparisons
         raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}")
     return value
@@ -133,6 +135,23 @@ def probability(text: str) -> float:
         argparse.ArgumentTypeError: expected a number in [0, 1], got 'nan'
     """
     return _unit_interval(text, open_ends=False)
+
+
+def restart_probability(text: str) -> float:
+    """A number in ``[0, 1)``: a random walk's restart probability (1 never leaves the start).
+
+    Example:
+        >>> import argparse
+        >>> from hardbatch.cli_types import restart_probability
+        >>> restart_probability("0")
+        0.0
+        >>> try:
+        ...     restart_probability("1")
+        ... except argparse.ArgumentTypeError as exc:
+        ...     print(exc)
+        expected a number in [0, 1), got '1'
+    """
+    return _unit_interval(text, open_ends=False, open_top=True)
 
 
 def open_probability(text: str) -> float:

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ._inspect_report import LEGEND, fmt, jsonable, legend_of, markdown_table, reading_notes
-from .cli_types import open_probability, positive_int, probability, temperature
+from .cli_types import open_probability, positive_int, restart_probability, temperature
 from .neighbors.knn_graph import check_graph_sizes
 from .metrics.files import load_reference, read_embeddings_file, read_labels_file
 from .registry import make_sampler, parse_names, sampler_names
@@ -85,7 +85,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--neighbors", type=positive_int, default=None, metavar="K",
                         help=f"proximity: neighbours kept (default {DEFAULT_NEIGHBORS}, "
                              "must be < candidates)")
-    parser.add_argument("--restart", type=probability, default=0.2,
+    parser.add_argument("--restart", type=restart_probability, default=0.2,
                         metavar="ALPHA", help="proximity: restart probability (default 0.2)")
     parser.add_argument("--walk", choices=("rwr", "rw", "bfs", "dfs"), default="rwr",
                         help="proximity: walk (default rwr)")

@@ -59,12 +59,14 @@ def test_plugin_commands_come_from_entry_points(capsys, monkeypatch):
     """A function under the entry-point group adds a command; a plugin that fails to load is
     reported on stderr and the other commands keep working."""
     points = [EntryPoint("hello", f"{__name__}:_hello", cli.COMMAND_GROUP),
-              EntryPoint("broken", "no_such_module_xyz:add", cli.COMMAND_GROUP)]
+              EntryPoint("broken", "no_such_module_xyz:add", cli.COMMAND_GROUP),
+              EntryPoint("clash", f"{__name__}:_clash", cli.COMMAND_GROUP)]
     monkeypatch.setattr(cli, "entry_points", lambda group: points if group == cli.COMMAND_GROUP
                         else [])
     code, out, err = run(capsys, "hello")
     assert code == 0 and out == "hello\n"
     assert "command 'broken'" in err and "unavailable" in err
+    assert "command 'clash'" in err and "conflicting subparser" in err  # was: no hardbatch
     code, _, err = run(capsys, "hello", "--fail")
     assert code == 2 and "hardbatch hello: error: bad input, named" in err
     with pytest.raises(SystemExit):
@@ -121,6 +123,28 @@ def test_diverging_demo_names_the_learning_rate_not_options_the_cli_lacks(capsys
                        "--no-plots", "--out", str(tmp_path))
     _one_line_error(code, err, "hardbatch demo: error: ")
     assert "lower the learning rate (lr=1e+30)" in err and "check_finite" not in err
+
+
+def _clash(subparsers):
+    """A plugin whose command name is taken (by the built-in inspect)."""
+    subparsers.add_parser("inspect")
+
+
+def test_restart_of_one_is_refused_when_parsed(capsys):
+    """The sampler refuses alpha = 1 (a walk that never leaves its start); the option took it
+    and failed only after the embeddings were loaded."""
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", "emb.npy", "--restart", "1"])
+    assert exc.value.code == 2 and "expected a number in [0, 1), got '1'" in \
+        capsys.readouterr().err
+
+
+def test_a_missing_extra_is_a_one_line_error(capsys):
+    def needs_extra(_):
+        raise ImportError("hardbatch plan needs pyarrow: pip install 'hardbatch[plan]'")
+
+    assert cli.run_guarded("hardbatch x", needs_extra, None) == 2
+    _one_line_error(2, capsys.readouterr().err, "hardbatch x: error: hardbatch plan needs")
 
 
 def test_run_guarded_reports_user_errors_and_keeps_bug_tracebacks(capsys):

@@ -248,7 +248,7 @@ def test_argument_errors(capsys):
     res = run_main(capsys, "x.npy", "--quantile", "1.5")
     assert res.returncode == 2 and "(0, 1)" in res.stderr
     res = run_main(capsys, "x.npy", "--restart", "-0.1")
-    assert res.returncode == 2 and "[0, 1]" in res.stderr
+    assert res.returncode == 2 and "[0, 1)" in res.stderr
 
 
 def test_add_inspect_parser_registers_subcommand(digits_files, tmp_path, capsys):
