@@ -539,6 +539,24 @@ def test_plan_checks_after_review(plan, tmp_path):
                                                                                       [2, 3]]
 
 
+def test_a_plan_whose_rows_another_tool_reordered_still_reads(plan, tmp_path):
+    """The checksum was over the file's row order: a Spark / DuckDB rewrite that only reorders
+    rows read as "a byte changed after it was written"."""
+    table = pq.read_table(plan.path)
+    shuffled = table.take(pa.array(np.random.default_rng(0).permutation(table.num_rows)))
+    path = tmp_path / "reordered.parquet"
+    pq.write_table(shuffled.replace_schema_metadata(table.schema.metadata), path)
+    again = read_plan(path)
+    assert all(again.batches(e, r) == plan.batches(e, r) for e in range(2) for r in range(2))
+    rows = shuffled.column("rows").to_pylist()
+    rows[0] = rows[0][::-1]  # a real change is still found
+    changed = shuffled.set_column(shuffled.schema.get_field_index("rows"), "rows",
+                                  pa.array(rows, shuffled.schema.field("rows").type))
+    pq.write_table(changed.replace_schema_metadata(table.schema.metadata), path)
+    with pytest.raises(ValueError, match="a byte changed after it was written"):
+        read_plan(path)
+
+
 def test_a_resumed_epoch_replays_its_batches_on_every_process(x, tmp_path, monkeypatch):
     """transformers 5.24 resuming mid-epoch e >= 1 on 2 processes: accelerate wraps the sampler
     (SkipBatchSampler(BatchSamplerShard(...))) and the trainer's set_epoch does not reach it;
