@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 
 EXAMPLES = ("python", "digits", "mnist")
-DIGITS_ARGS = ["--labels", "digits_y.npy", "--batch-size", "128", "--candidates", "500",
-               "--neighbors", "50", "--batches", "15", "--loss-gap", "--temperature", "0.1"]
-MNIST_ARGS = ["--labels", "mnist_test_labels.npy", "--batches", "20", "--loss-gap"]
+SAMPLERS = ["--sampler", "uniform,knn,proximity,gcbs"]  # the page's four (all: six, two extras)
+DIGITS_ARGS = ["--labels", "digits_y.npy", *SAMPLERS, "--batch-size", "128", "--candidates",
+               "500", "--neighbors", "50", "--batches", "15", "--loss-gap", "--temperature", "0.1"]
+MNIST_ARGS = ["--labels", "mnist_test_labels.npy", "--batches", "20", *SAMPLERS, "--loss-gap"]
 
 
 def machine() -> str:

@@ -278,6 +278,24 @@ def _inspect(args) -> int:
     except OSError as exc:
         raise InspectError(f"cannot create --out folder {args.out}: {exc.strerror}") from None
 
+    # every sampler built (and checked) before any long computation: a missing extra or a bad
+    # option fails now, not after the loss gap and the other samplers' draws
+    made = []
+    every = [v.strip().lower() for v in str(args.sampler).split(",")] == ["all"]
+    for name in samplers:
+        try:
+            made.append((name, *_make_sampler(name, x, params, args.seed)))
+        except ImportError as exc:
+            if not every:
+                raise InspectError(f"{name} sampler: {exc} (otherwise drop {name} from "
+                                   "--sampler)") from None
+            notes.append(f"{name} left out of --sampler all: {exc}")
+            _progress(f"note: {notes[-1]}")
+        except ValueError as exc:  # its fix may name an option with no flag
+            raise InspectError(f"{name} sampler: {exc} (this command sets only its flags, "
+                               f"hardbatch inspect --help; otherwise drop {name} from "
+                               "--sampler)") from None
+
     gap = None
     if args.loss_gap:
         _progress(f"loss gap: global NT-Xent term over N={n} items (t={args.temperature:g}) ...")
@@ -287,13 +305,7 @@ def _inspect(args) -> int:
             gap.reference.global_losses  # noqa: B018
 
     rows, results, histograms, ref_histograms = [], {}, {}, {}
-    for name in samplers:
-        try:
-            sampler, config = _make_sampler(name, x, params, args.seed)
-        except (ValueError, ImportError) as exc:  # its fix may name an option with no flag
-            raise InspectError(f"{name} sampler: {exc} (this command sets only its flags, "
-                               f"hardbatch inspect --help; otherwise drop {name} from "
-                               "--sampler)") from None
+    for name, sampler, config in made:
         label = _label(name, config)
         _progress(f"drawing {num_batches} batches of {params['batch_size']} from {label} ...")
         _warm_up(name, d, params)
@@ -342,20 +354,22 @@ def _inspect(args) -> int:
                       f"{fmt(rows[0]['global_loss'], None)}")
     legend = legend_of(table)
     notes = notes + reading_notes(args, n, params["batch_size"], num_batches, rows, chance)
+    files = {"table": str(out_dir / "inspect.md")}
+    try:  # the figures need the plots extra; without it the numbers are still written
+        files["plot"] = str(plot_similarity_histograms(
+            histograms, out_dir / "similarity_histograms.png", log=True,
+            title=f"In-batch cosine similarity, log density (N={n}, B={params['batch_size']}, "
+                  f"{num_batches} batches)"))
+        if ref is not None:
+            files["reference_plot"] = str(plot_similarity_histograms(
+                ref_histograms, out_dir / "reference_similarity_histograms.png", log=True,
+                title=f"In-batch cosine similarity in the reference, log density "
+                      f"({Path(args.reference).name})"))
+    except ImportError as exc:
+        notes.append(f"no figures: {exc}")
     report = ("\n".join(header) + "\n\n" + table + "\n\n"
               + "\n".join(f"- {name}: {meaning}" for name, meaning in legend.items()) + "\n\n"
               + "\n".join(f"note: {note}" for note in notes) + "\n")
-
-    plot_path = plot_similarity_histograms(
-        histograms, out_dir / "similarity_histograms.png", log=True,
-        title=f"In-batch cosine similarity, log density (N={n}, B={params['batch_size']}, "
-              f"{num_batches} batches)")
-    files = {"plot": str(plot_path), "table": str(out_dir / "inspect.md")}
-    if ref is not None:
-        files["reference_plot"] = plot_similarity_histograms(
-            ref_histograms, out_dir / "reference_similarity_histograms.png", log=True,
-            title=f"In-batch cosine similarity in the reference, log density "
-                  f"({Path(args.reference).name})")
     summary = {
         "embeddings": str(args.embeddings), "labels": args.labels, "reference": args.reference,
         "num_items": n, "dim": d, "num_classes": None if labels is None else len(np.unique(labels)),

@@ -297,3 +297,41 @@ def test_inspect_defaults_to_one_epoch_and_explains_a_zero_loss_gap(tmp_path, ca
     notes = json.loads((tmp_path / "o" / "inspect.json").read_text())["notes"]
     assert notes[0].startswith("20 batches of B = 128 span 2.5 epochs") and "--batches 8" in notes[0]
     assert not any("loss gap" in n for n in notes)
+
+
+def _no_metis():
+    raise ImportError("the METIS partitioner needs pymetis: pip install 'hardbatch[metis]'")
+
+
+def test_a_missing_extra_fails_before_the_work_or_leaves_the_sampler_out_of_all(
+        tmp_path, capsys, monkeypatch):
+    """Before: the loss gap and five samplers' draws ran, then community's missing pymetis
+    ended the command with nothing written; a missing matplotlib did the same at the plot."""
+    import hardbatch.samplers.community_sampler as community
+
+    monkeypatch.setattr(community, "require_metis", _no_metis)
+    emb = tmp_path / "emb.npy"
+    np.save(emb, np.random.default_rng(0).standard_normal((60, 8)).astype(np.float32))
+    gap_calls = []
+    monkeypatch.setattr("hardbatch.metrics.LossGap", lambda *a, **k: gap_calls.append(1))
+    res = run_main(capsys, emb, "--sampler", "uniform,community", "--loss-gap", "--out",
+                   tmp_path / "a")
+    assert res.returncode == 2 and "community sampler: the METIS partitioner needs pymetis" \
+        in res.stderr and gap_calls == []  # refused before the loss gap
+    monkeypatch.undo()
+    monkeypatch.setattr(community, "require_metis", _no_metis)
+    import hardbatch.plots as plots
+
+    def no_matplotlib(*args, **kwargs):
+        raise ImportError("hardbatch.plots needs matplotlib: pip install matplotlib")
+
+    monkeypatch.setattr(plots, "plot_similarity_histograms", no_matplotlib)
+    res = run_main(capsys, emb, "--batches", "2", "--out", tmp_path / "b")  # --sampler all
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((tmp_path / "b" / "inspect.json").read_text())
+    assert list(summary["samplers"]) == ["uniform", "knn", "proximity", "gcbs", "cluster"]
+    assert any(n.startswith("community left out of --sampler all: the METIS partitioner")
+               for n in summary["notes"])
+    assert any(n.startswith("no figures: hardbatch.plots needs matplotlib")
+               for n in summary["notes"])
+    assert "plot" not in summary["files"] and (tmp_path / "b" / "inspect.md").exists()
