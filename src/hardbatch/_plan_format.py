@@ -1,8 +1,9 @@
 """The plan file format of :mod:`hardbatch.plan_files`: writing a plan's Parquet table with
 its metadata (the options as JSON: :func:`jsonable_options`) and checksum (atomically), and
-reading it back checked (:func:`read_plan`, :class:`Plan`); the inputs plans are written from,
-a Parquet file's column (:func:`parquet_column`) and a ``save_to_disk`` folder
-(:func:`dataset_folder`). The format and why it is Parquet: :mod:`hardbatch.plan_files`.
+reading it back checked (:func:`read_plan`, :class:`Plan`); the inputs plans are written from:
+embeddings (:func:`load_embeddings`: arrays, files, or texts a model encodes), a Parquet
+file's column (:func:`parquet_column`), a ``save_to_disk`` folder (:func:`dataset_folder`) and
+recorded batches (:func:`batch_row_ids`). The format and why it is Parquet: :mod:`hardbatch.plan_files`.
 
 Public names of a private module: the library's own helpers; users import them from
 :mod:`hardbatch.plan_files` (or :mod:`hardbatch`).
@@ -15,12 +16,14 @@ import itertools
 import json
 import os
 import uuid
+import warnings
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ._integrity import digest, library_version, stable_repr
-from ._validation import check_int
+from ._validation import check_int, embedding_tensor
 
 __all__ = ["FORMAT", "META_FIELDS", "META_KEY", "VERSION", "Plan", "atomic_write",
            "dataset_folder", "jsonable_options", "parquet_column", "pyarrow_modules",
@@ -317,3 +320,75 @@ def read_plan(path) -> Plan:
         raise _corrupt(path, "the SHA-256 of its metadata and batches differs from the checksum "
                              "written with it (a byte changed after it was written)")
     return Plan(path, meta, keys, offsets, rows)
+
+
+# -- inputs of the writers -------------------------------------------------------------------
+def batch_row_ids(batch, epoch: int, step: int) -> np.ndarray:
+    """One recorded batch as int64 row ids; ``ValueError`` for anything but a 1-D sequence of
+    integers (an epoch passed without its outer list, float or bool ids), a warning for an id
+    repeated within the batch (its copy becomes a false negative in an in-batch loss)."""
+    a = np.asarray(batch.detach().cpu() if isinstance(batch, torch.Tensor) else batch)
+    if a.ndim != 1 or (a.size and (a.dtype == bool or not np.issubdtype(a.dtype, np.integer))):
+        raise ValueError(f"batches: epoch {epoch}, step {step} is {a.ndim}-D of {a.dtype}, not "
+                         "a 1-D list of integer row ids; pass one list of batches per epoch, "
+                         "e.g. [[[0, 3], [1, 2]]] for one epoch of two batches")
+    a = a.astype(np.int64)
+    if len(np.unique(a)) != len(a):
+        warnings.warn(f"batches: epoch {epoch}, step {step} holds a row id more than once; "
+                      "an in-batch loss then treats the copy as a negative", stacklevel=3)
+    return a
+
+
+def _texts(data, column) -> list[str]:
+    if isinstance(data, (str, os.PathLike)):
+        data = dataset_folder(data) if os.path.isdir(data) else \
+            parquet_column(data, column or parquet_names(data)[0], "text").to_pylist()
+    if isinstance(data, (list, tuple)) and all(isinstance(t, str) for t in data):
+        return list(data)
+    from .integrations.sentence_transformers import column_texts
+    return column_texts(data, column, "column=... (hardbatch plan --column)")
+
+
+def load_embeddings(embeddings, *, column: str | None = None, model=None,
+                    encode_batch_size: int = 64) -> np.ndarray:
+    """Float32 ``[N, d]`` rows of an array or tensor, a ``.npy`` / ``.npz`` / ``.pt`` / ``.pth``
+    file or a ``.parquet`` file's list ``column``; with ``model`` (a ``SentenceTransformer``, or
+    a name or path to load one; imported lazily), the model's unit-norm embeddings of the texts
+    in ``embeddings``: a list of strings, or a ``datasets.Dataset``, a folder it was saved to
+    (``save_to_disk``) or a ``.parquet`` file, and its text ``column`` (default: a dataset's
+    first column), ``encode_batch_size`` per encode batch.
+
+    Example:
+        >>> import tempfile, numpy as np
+        >>> from hardbatch.plan_files import load_embeddings
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> np.save(f"{tmp.name}/emb.npy", np.ones((40, 8)))
+        >>> load_embeddings(f"{tmp.name}/emb.npy").shape, load_embeddings(np.ones((40, 8))).dtype
+        ((40, 8), dtype('float32'))
+        >>> tmp.cleanup()
+    """
+    x, name = embeddings, "embeddings"
+    if model is not None:
+        texts = _texts(embeddings, column)
+        if isinstance(model, (str, os.PathLike)):
+            from sentence_transformers import SentenceTransformer
+            model = SentenceTransformer(str(model))
+        from .integrations.sentence_transformers import TextEmbeddingSource
+        x = TextEmbeddingSource(model, texts, encode_batch_size, shard=False)()
+    elif isinstance(embeddings, (str, os.PathLike)) and \
+            Path(embeddings).suffix.lower() == ".parquet":
+        name = f"column {column!r} of {embeddings}"
+        try:  # one list of d numbers per row
+            x = np.stack(parquet_column(embeddings, column, "embeddings").to_numpy(False))
+        except (ValueError, TypeError) as exc:
+            if str(exc).startswith(str(embeddings)):
+                raise
+            raise ValueError(f"{name} must hold one list of d numbers (an embedding) per row, "
+                             f"without nulls ({exc})") from None
+    elif isinstance(embeddings, (str, os.PathLike)) and os.path.isdir(embeddings):
+        raise ValueError(f"embeddings={os.fspath(embeddings)!r} is a folder: a datasets folder "
+                         "holds texts, which model= (hardbatch plan --model) encodes")
+    elif isinstance(embeddings, (str, os.PathLike)):
+        from .metrics.files import read_embeddings_file  # .npy / .npz / .pt, checked
+        x = read_embeddings_file(embeddings)
+    return embedding_tensor(x, name).cpu().numpy()
