@@ -3,7 +3,8 @@ its metadata (the options as JSON: :func:`jsonable_options`) and checksum (atomi
 reading it back checked (:func:`read_plan`, :class:`Plan`); the inputs plans are written from:
 embeddings (:func:`load_embeddings`: arrays, files, or texts a model encodes), a Parquet
 file's column (:func:`parquet_column`), a ``save_to_disk`` folder (:func:`dataset_folder`) and
-recorded batches (:func:`batch_row_ids`). The format and why it is Parquet: :mod:`hardbatch.plan_files`.
+recorded batches (:func:`batch_row_ids`). The format and why it is Parquet:
+:mod:`hardbatch.plan_files`.
 
 Public names of a private module: the library's own helpers; users import them from
 :mod:`hardbatch.plan_files` (or :mod:`hardbatch`).
@@ -26,8 +27,8 @@ from ._integrity import digest, library_version, stable_repr
 from ._validation import check_int, embedding_tensor
 
 __all__ = ["FORMAT", "META_FIELDS", "META_KEY", "VERSION", "Plan", "atomic_write",
-           "dataset_folder", "jsonable_options", "parquet_column", "pyarrow_modules",
-           "read_plan", "write_table"]
+           "batch_row_ids", "dataset_folder", "jsonable_options", "load_embeddings",
+           "parquet_column", "parquet_names", "pyarrow_modules", "read_plan", "write_table"]
 
 FORMAT, VERSION, META_KEY = "hardbatch-plan", 1, b"hardbatch.plan"
 META_FIELDS = ("format", "version", "sampler", "options", "seed", "epochs", "world_size",

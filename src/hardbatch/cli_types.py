@@ -108,16 +108,16 @@ def temperature(text: str) -> float:
     return value
 
 
-def _unit_interval(text: str, open_ends: bool, open_top: bool = False) -> float:
-    interval = "(0, 1)" if open_ends else "[0, 1)" if open_top else "[0, 1]"
+def _unit_interval(text: str, open_low: bool, open_high: bool) -> float:
+    interval = f"{'(' if open_low else '['}0, 1{')' if open_high else ']'}"
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}"
                                          ) from None
-    inside = 0.0 < value < 1.0 if open_ends else 0.0 <= value < 1.0 if open_top else \
-        0.0 <= value <= 1.0
-    if not inside:  # NaN fails both comparisons
+    inside = (0.0 < value if open_low else 0.0 <= value) and \
+        (value < 1.0 if open_high else value <= 1.0)
+    if not inside:  # NaN fails every comparison
         raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}")
     return value
 
@@ -134,7 +134,7 @@ def probability(text: str) -> float:
             ...
         argparse.ArgumentTypeError: expected a number in [0, 1], got 'nan'
     """
-    return _unit_interval(text, open_ends=False)
+    return _unit_interval(text, open_low=False, open_high=False)
 
 
 def restart_probability(text: str) -> float:
@@ -151,7 +151,7 @@ def restart_probability(text: str) -> float:
         ...     print(exc)
         expected a number in [0, 1), got '1'
     """
-    return _unit_interval(text, open_ends=False, open_top=True)
+    return _unit_interval(text, open_low=False, open_high=True)
 
 
 def open_probability(text: str) -> float:
@@ -168,4 +168,4 @@ def open_probability(text: str) -> float:
         ...     print(exc)
         expected a number in (0, 1), got '1'
     """
-    return _unit_interval(text, open_ends=True)
+    return _unit_interval(text, open_low=True, open_high=True)

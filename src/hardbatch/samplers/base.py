@@ -271,23 +271,22 @@ class PlanSampler(Sampler[list[int]]):
         of the epoch's first batches (the first, then the next while short: with shuffled batch
         orders the short batch can be the first), as DistributedSampler pads; items whose keys
         it lacks first, others (with a warning) only where those run out."""
-        need = self.world_size - len(batch)
-        found = [np.asarray(batch, np.int64)]
+        w, taken = self.world_size, np.asarray(batch, np.int64)
         for free_of_keys in ((True, False) if self.duplicate_keys is not None else (False,)):
             for j in range(self.batches_per_epoch):
                 cand = np.asarray(self._generate(j, global_step), np.int64)
-                cand = cand[~np.isin(cand, np.concatenate(found))]
+                cand = cand[~np.isin(cand, taken)]
                 if free_of_keys:
                     cand = self.duplicate_keys.compatible(cand, batch)
-                found.append(cand[:need - (sum(map(len, found)) - len(batch))])
-                if sum(map(len, found)) == self.world_size:
+                taken = np.concatenate([taken, cand[:w - len(taken)]])
+                if len(taken) == w:
                     if not free_of_keys and self.duplicate_keys is not None:
                         warnings.warn(f"duplicate_keys: the short global batch of step "
-                                      f"{global_step} was topped up to world_size="
-                                      f"{self.world_size} items with items sharing its keys; "
-                                      "use keys that tell more items apart", stacklevel=3)
-                    return np.concatenate(found)
-        return np.concatenate(found)  # N >= W * B (checked): not reached
+                                      f"{global_step} was topped up to world_size={w} items "
+                                      "with items sharing its keys; use keys that tell more "
+                                      "items apart", stacklevel=3)
+                    return taken
+        return taken  # N >= W * B (checked): not reached
 
     def _rank_batch(self, plan: Step) -> list[int]:
         """This rank's batch of a planned step (its slice of the global batch)."""
